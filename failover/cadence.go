@@ -1,0 +1,237 @@
+package failover
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DeploymentMode chooses the lease baseline of a session that pins neither
+// lease_ttl nor renew_interval.
+type DeploymentMode string
+
+// The deployment modes. The empty mode means Standalone.
+const (
+	Standalone DeploymentMode = "standalone"
+	Clustered  DeploymentMode = "clustered"
+)
+
+// ParseDeploymentMode accepts "standalone", "clustered" or "" (standalone).
+func ParseDeploymentMode(s string) (DeploymentMode, error) {
+	switch DeploymentMode(s) {
+	case "", Standalone:
+		return Standalone, nil
+	case Clustered:
+		return Clustered, nil
+	}
+	return "", fieldErr("deployment_mode", fmt.Sprintf("%q", s), "must be standalone or clustered")
+}
+
+// Limits of the lease cadence (DESIGN.md, "The lease cadence").
+const (
+	MinExclusiveLeaseTTL   = 5 * time.Second
+	MinRenewInterval       = 250 * time.Millisecond
+	MinAcquirePollInterval = 250 * time.Millisecond
+	MaxStartupAllowance    = 10 * time.Minute
+	DefaultMaxRenewFails   = 3
+
+	// maxDerivedCallTimeout caps a derived renew_call_timeout and the
+	// reserve kept per renew attempt.
+	maxDerivedCallTimeout = 5 * time.Second
+	minDerivedCallTimeout = time.Second
+	maxDerivedPoll        = 5 * time.Second
+)
+
+// Baselines of the two deployment modes.
+var (
+	// ClusteredBaseline applies to deployment_mode clustered when neither
+	// lease_ttl nor renew_interval is pinned.
+	ClusteredBaseline = LeaseConfig{
+		DeploymentMode:   Clustered,
+		LeaseTTL:         45 * time.Second,
+		RenewInterval:    10 * time.Second,
+		LeaseRenewJitter: time.Second,
+		RenewCallTimeout: 3 * time.Second,
+		MaxRenewFails:    3,
+		StepDownGrace:    5 * time.Second,
+	}
+	// StandaloneBaseline applies otherwise; the missing timings are derived.
+	StandaloneBaseline = LeaseConfig{
+		DeploymentMode: Standalone,
+		LeaseTTL:       360 * time.Second,
+		MaxRenewFails:  3,
+		StepDownGrace:  15 * time.Second,
+	}
+)
+
+// LeaseConfig is the lease block of one exclusive session as the operator
+// wrote it. A zero value means "not pinned": the baseline or a derivation
+// fills it in. Negative values are refused.
+type LeaseConfig struct {
+	DeploymentMode      DeploymentMode
+	LeaseTTL            time.Duration
+	RenewInterval       time.Duration
+	LeaseRenewJitter    time.Duration
+	RenewCallTimeout    time.Duration
+	AcquirePollInterval time.Duration
+	MaxRenewFails       int
+	StepDownGrace       time.Duration
+}
+
+// Cadence is a resolved lease cadence: every timing the lease manager runs
+// with, and where each came from.
+type Cadence struct {
+	// Baseline names the baseline the resolution started from.
+	Baseline            DeploymentMode
+	LeaseTTL            time.Duration
+	RenewInterval       time.Duration
+	LeaseRenewJitter    time.Duration
+	RenewCallTimeout    time.Duration
+	AcquirePollInterval time.Duration
+	MaxRenewFails       int
+	StepDownGrace       time.Duration
+
+	RenewIntervalDerived       bool
+	LeaseRenewJitterDerived    bool
+	RenewCallTimeoutDerived    bool
+	AcquirePollIntervalDerived bool
+}
+
+// MinJitteredPoll is the shortest standby poll: max(1ms, poll − (poll/2)/2).
+func (c Cadence) MinJitteredPoll() time.Duration {
+	return max(time.Millisecond, c.AcquirePollInterval-(c.AcquirePollInterval/2)/2)
+}
+
+// MaxJitteredPoll is the longest standby poll: max(1ms, ⌈1.25·poll⌉).
+func (c Cadence) MaxJitteredPoll() time.Duration {
+	p := c.AcquirePollInterval
+	return max(time.Millisecond, p+time.Duration(ceilDiv(int64(p), 4)))
+}
+
+// StepDownPhaseBound bounds each of the two bounded step-down phases
+// (closing the source, releasing the lease): min(5s, step_down_grace).
+func (c Cadence) StepDownPhaseBound() time.Duration {
+	return min(5*time.Second, c.StepDownGrace)
+}
+
+// ResolveCadence resolves cfg into the cadence a lease manager runs with,
+// following DESIGN.md "The lease cadence" step by step. It returns warnings
+// for adjustments it made (jitter shed to keep the renew invariant) and an
+// error joining every rule the configuration breaks.
+func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
+	var errs []error
+	neg := func(field string, d time.Duration) {
+		if d < 0 {
+			errs = append(errs, fieldErr(field, d, "must not be negative"))
+		}
+	}
+	neg("lease_ttl", cfg.LeaseTTL)
+	neg("renew_interval", cfg.RenewInterval)
+	neg("lease_renew_jitter", cfg.LeaseRenewJitter)
+	neg("renew_call_timeout", cfg.RenewCallTimeout)
+	neg("acquire_poll_interval", cfg.AcquirePollInterval)
+	neg("step_down_grace", cfg.StepDownGrace)
+	if cfg.MaxRenewFails < 0 {
+		errs = append(errs, fieldErr("max_renew_fails", cfg.MaxRenewFails, "must not be negative"))
+	}
+	mode := cfg.DeploymentMode
+	if mode == "" {
+		mode = Standalone
+	}
+	if mode != Standalone && mode != Clustered {
+		errs = append(errs, fieldErr("deployment_mode", fmt.Sprintf("%q", mode), "must be standalone or clustered"))
+	}
+	if len(errs) > 0 {
+		return Cadence{}, nil, errors.Join(errs...)
+	}
+
+	// 1. Baseline, then positive pinned values on top.
+	base := StandaloneBaseline
+	if mode == Clustered && cfg.LeaseTTL == 0 && cfg.RenewInterval == 0 {
+		base = ClusteredBaseline
+	}
+	c := Cadence{
+		Baseline:            base.DeploymentMode,
+		LeaseTTL:            pick(cfg.LeaseTTL, base.LeaseTTL),
+		RenewInterval:       pick(cfg.RenewInterval, base.RenewInterval),
+		LeaseRenewJitter:    pick(cfg.LeaseRenewJitter, base.LeaseRenewJitter),
+		RenewCallTimeout:    pick(cfg.RenewCallTimeout, base.RenewCallTimeout),
+		AcquirePollInterval: pick(cfg.AcquirePollInterval, base.AcquirePollInterval),
+		MaxRenewFails:       cfg.MaxRenewFails,
+		StepDownGrace:       pick(cfg.StepDownGrace, base.StepDownGrace),
+	}
+	if c.MaxRenewFails == 0 {
+		c.MaxRenewFails = base.MaxRenewFails
+	}
+	if c.LeaseTTL < MinExclusiveLeaseTTL {
+		// The derivations below divide the TTL; stop before they run on
+		// a value that is already refused.
+		return Cadence{}, nil, fieldErr("lease_ttl", c.LeaseTTL, "must be at least %v for an exclusive session", MinExclusiveLeaseTTL)
+	}
+
+	// 2. renew_interval.
+	if c.RenewInterval == 0 {
+		perAttempt := time.Duration(3 * int64(c.LeaseTTL) / (4 * int64(c.MaxRenewFails)))
+		reserve := min(maxDerivedCallTimeout, perAttempt/2)
+		c.RenewInterval = max(time.Millisecond, time.Duration((int64(perAttempt-reserve)*8)/9))
+		c.RenewIntervalDerived = true
+	}
+	// 3. lease_renew_jitter: interval/4 only for a derived interval.
+	if c.LeaseRenewJitter == 0 && c.RenewIntervalDerived {
+		c.LeaseRenewJitter = c.RenewInterval / 4
+		c.LeaseRenewJitterDerived = true
+	}
+	// 4. renew_call_timeout.
+	if c.RenewCallTimeout == 0 {
+		c.RenewCallTimeout = min(max(c.RenewInterval/2, minDerivedCallTimeout), maxDerivedCallTimeout)
+		c.RenewCallTimeoutDerived = true
+	}
+	// 6. acquire_poll_interval.
+	if c.AcquirePollInterval == 0 {
+		c.AcquirePollInterval = max(time.Millisecond, min(c.RenewInterval, c.LeaseTTL/4, maxDerivedPoll))
+		c.AcquirePollIntervalDerived = true
+	}
+
+	// 7. Rejections.
+	if c.RenewInterval < MinRenewInterval {
+		errs = append(errs, fieldErr("renew_interval", c.RenewInterval, "must be at least %v", MinRenewInterval))
+	}
+	// A derived poll is short only because the interval is; report the cause once.
+	if c.AcquirePollInterval < MinAcquirePollInterval && (!c.AcquirePollIntervalDerived || c.RenewInterval >= MinRenewInterval) {
+		errs = append(errs, fieldErr("acquire_poll_interval", c.AcquirePollInterval, "must be at least %v", MinAcquirePollInterval))
+	}
+	if c.StepDownGrace >= c.LeaseTTL {
+		errs = append(errs, fieldErr("step_down_grace", c.StepDownGrace, "must be shorter than lease_ttl (%v)", c.LeaseTTL))
+	}
+
+	// 5. Invariant: max_renew_fails·(interval + jitter/2 + call timeout) < TTL.
+	// Jitter is shed first; cutting interval or call timeout is refused.
+	var warnings []string
+	n := int64(c.MaxRenewFails)
+	limit := ceilDiv(int64(c.LeaseTTL), n) - 1 // largest per-round time with n·round < TTL
+	fixed := int64(c.RenewInterval) + int64(c.RenewCallTimeout)
+	switch {
+	case fixed > limit:
+		errs = append(errs, fieldErr("renew_interval", c.RenewInterval,
+			"max_renew_fails (%d) × (renew_interval + renew_call_timeout %v) must be below lease_ttl (%v) even without jitter; lower renew_interval or renew_call_timeout, or raise lease_ttl",
+			c.MaxRenewFails, c.RenewCallTimeout, c.LeaseTTL))
+	case fixed+int64(c.LeaseRenewJitter/2) > limit:
+		half := time.Duration(limit - fixed)
+		shed := 2 * half
+		warnings = append(warnings, fmt.Sprintf(
+			"lease_renew_jitter reduced from %v to %v so that max_renew_fails × (renew_interval + lease_renew_jitter/2 + renew_call_timeout) stays below lease_ttl (%v)",
+			c.LeaseRenewJitter, shed, c.LeaseTTL))
+		c.LeaseRenewJitter = shed
+	}
+	if len(errs) > 0 {
+		return Cadence{}, nil, errors.Join(errs...)
+	}
+	return c, warnings, nil
+}
+
+func pick(pinned, base time.Duration) time.Duration {
+	if pinned > 0 {
+		return pinned
+	}
+	return base
+}

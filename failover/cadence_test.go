@@ -1,0 +1,92 @@
+package failover
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestResolveCadence(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  LeaseConfig
+		want Cadence
+		warn string
+	}{
+		{"standalone default", LeaseConfig{}, Cadence{Baseline: Standalone, LeaseTTL: 360 * time.Second, RenewInterval: 75555555555, LeaseRenewJitter: 18888888888,
+			RenewCallTimeout: 5 * time.Second, AcquirePollInterval: 5 * time.Second, MaxRenewFails: 3, StepDownGrace: 15 * time.Second,
+			RenewIntervalDerived: true, LeaseRenewJitterDerived: true, RenewCallTimeoutDerived: true, AcquirePollIntervalDerived: true}, ""},
+		{"clustered baseline", LeaseConfig{DeploymentMode: Clustered}, Cadence{Baseline: Clustered, LeaseTTL: 45 * time.Second, RenewInterval: 10 * time.Second,
+			LeaseRenewJitter: time.Second, RenewCallTimeout: 3 * time.Second, AcquirePollInterval: 5 * time.Second, MaxRenewFails: 3, StepDownGrace: 5 * time.Second,
+			AcquirePollIntervalDerived: true}, ""},
+		{"clustered with pinned TTL leaves the clustered baseline", LeaseConfig{DeploymentMode: Clustered, LeaseTTL: 60 * time.Second},
+			// perAttempt 15s, reserve 5s, interval 10s·8/9.
+			Cadence{Baseline: Standalone, LeaseTTL: 60 * time.Second, RenewInterval: 8888888888, LeaseRenewJitter: 2222222222, RenewCallTimeout: 4444444444,
+				AcquirePollInterval: 5 * time.Second, MaxRenewFails: 3, StepDownGrace: 15 * time.Second,
+				RenewIntervalDerived: true, LeaseRenewJitterDerived: true, RenewCallTimeoutDerived: true, AcquirePollIntervalDerived: true}, ""},
+		{"clustered override on top of baseline", LeaseConfig{DeploymentMode: Clustered, RenewCallTimeout: 2 * time.Second, MaxRenewFails: 2},
+			Cadence{Baseline: Clustered, LeaseTTL: 45 * time.Second, RenewInterval: 10 * time.Second, LeaseRenewJitter: time.Second, RenewCallTimeout: 2 * time.Second,
+				AcquirePollInterval: 5 * time.Second, MaxRenewFails: 2, StepDownGrace: 5 * time.Second, AcquirePollIntervalDerived: true}, ""},
+		{"pinned interval gets no jitter", LeaseConfig{LeaseTTL: 30 * time.Second, RenewInterval: 4 * time.Second},
+			Cadence{Baseline: Standalone, LeaseTTL: 30 * time.Second, RenewInterval: 4 * time.Second, RenewCallTimeout: 2 * time.Second,
+				AcquirePollInterval: 4 * time.Second, MaxRenewFails: 3, StepDownGrace: 15 * time.Second, RenewCallTimeoutDerived: true, AcquirePollIntervalDerived: true}, ""},
+		{"call timeout clamped to 1s", LeaseConfig{LeaseTTL: 10 * time.Second, RenewInterval: time.Second, StepDownGrace: 2 * time.Second},
+			Cadence{Baseline: Standalone, LeaseTTL: 10 * time.Second, RenewInterval: time.Second, RenewCallTimeout: time.Second,
+				AcquirePollInterval: time.Second, MaxRenewFails: 3, StepDownGrace: 2 * time.Second, RenewCallTimeoutDerived: true, AcquirePollIntervalDerived: true}, ""},
+		{"jitter shed to keep the invariant", LeaseConfig{LeaseTTL: 30 * time.Second, RenewInterval: 6 * time.Second, LeaseRenewJitter: 4 * time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second},
+			// limit = ⌈30s/3⌉ − 1ns = 9.999999999s; 6s + 3s fixed leaves half 0.999999999s.
+			Cadence{Baseline: Standalone, LeaseTTL: 30 * time.Second, RenewInterval: 6 * time.Second, LeaseRenewJitter: 1999999998, RenewCallTimeout: 3 * time.Second,
+				AcquirePollInterval: 5 * time.Second, MaxRenewFails: 3, StepDownGrace: 5 * time.Second, AcquirePollIntervalDerived: true}, "lease_renew_jitter reduced from 4s to 1.999999998s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, warns, err := ResolveCadence(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Fatalf("\n got %+v\nwant %+v", got, tc.want)
+			}
+			if tc.warn == "" && len(warns) > 0 || tc.warn != "" && (len(warns) != 1 || !strings.Contains(warns[0], tc.warn)) {
+				t.Fatalf("warnings %q, want %q", warns, tc.warn)
+			}
+			n := time.Duration(got.MaxRenewFails)
+			if n*(got.RenewInterval+got.LeaseRenewJitter/2+got.RenewCallTimeout) >= got.LeaseTTL {
+				t.Fatalf("invariant broken: %+v", got)
+			}
+		})
+	}
+}
+
+func TestResolveCadenceRejects(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  LeaseConfig
+		want []string
+	}{
+		{LeaseConfig{LeaseTTL: 4 * time.Second}, []string{"lease_ttl: 4s: must be at least 5s for an exclusive session"}},
+		{LeaseConfig{LeaseTTL: 60 * time.Second, RenewInterval: 200 * time.Millisecond}, []string{"renew_interval: 200ms: must be at least 250ms"}},
+		{LeaseConfig{LeaseTTL: 60 * time.Second, AcquirePollInterval: 100 * time.Millisecond}, []string{"acquire_poll_interval: 100ms: must be at least 250ms"}},
+		{LeaseConfig{LeaseTTL: 15 * time.Second}, []string{"step_down_grace: 15s: must be shorter than lease_ttl (15s)"}},
+		{LeaseConfig{LeaseTTL: 30 * time.Second, RenewInterval: 8 * time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second},
+			[]string{"renew_interval: 8s: max_renew_fails (3) × (renew_interval + renew_call_timeout 3s) must be below lease_ttl (30s) even without jitter"}},
+		{LeaseConfig{LeaseTTL: -1, RenewInterval: -2, MaxRenewFails: -1, DeploymentMode: "ha"},
+			[]string{"lease_ttl: -1ns: must not be negative", "renew_interval: -2ns: must not be negative", "max_renew_fails: -1: must not be negative", `deployment_mode: "ha": must be standalone or clustered`}},
+		{LeaseConfig{LeaseTTL: 6 * time.Second, RenewInterval: 100 * time.Millisecond, AcquirePollInterval: 100 * time.Millisecond, StepDownGrace: 7 * time.Second},
+			[]string{"renew_interval: 100ms", "acquire_poll_interval: 100ms", "step_down_grace: 7s"}},
+	} {
+		_, _, err := ResolveCadence(tc.cfg)
+		if err == nil {
+			t.Errorf("%+v accepted", tc.cfg)
+			continue
+		}
+		got := ErrorStrings(err)
+		if len(got) != len(tc.want) {
+			t.Errorf("%+v: errors %q, want %d like %q", tc.cfg, got, len(tc.want), tc.want)
+			continue
+		}
+		for i, w := range tc.want {
+			if !strings.HasPrefix(got[i], w) {
+				t.Errorf("%+v: error %d = %q, want prefix %q", tc.cfg, i, got[i], w)
+			}
+		}
+	}
+}

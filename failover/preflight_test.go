@@ -1,0 +1,78 @@
+package failover
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPreflight(t *testing.T) {
+	act := mustMQTT(t)
+	pol := func(l LeaseConfig, slo time.Duration, bh BrokerHealthStepDown) SessionPolicy {
+		return SessionPolicy{Lease: l, FailoverSLO: slo, BrokerHealthStepDown: bh, Activation: act}
+	}
+	inputs := []SessionInput{
+		{Source: `routes[0] "a"`, SessionID: "s1", Policy: pol(LeaseConfig{}, 0, BrokerHealthStepDown{})},
+		// Pinning the default is no divergence.
+		{Source: `routes[1] "b"`, SessionID: "s1", Policy: pol(LeaseConfig{LeaseTTL: 360 * time.Second}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[2] "c"`, SessionID: "s2", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, time.Hour, BrokerHealthOff)},
+		{Source: `routes[3] "d"`, SessionID: "s2", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, 2*time.Hour, BrokerHealthOff)},
+		{Source: `routes[4] "e"`, SessionID: "s3", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, 0, BrokerHealthOff)},
+		{Source: `routes[5] "f"`, SessionID: "s3", Policy: SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("mqtt")}},
+		{Source: `routes[6] "g"`, SessionID: "s4", Policy: pol(LeaseConfig{LeaseTTL: time.Second}, 0, BrokerHealthStepDown{})},
+	}
+	wantErrs := []string{
+		`session "s2": routes[2] "c" and routes[3] "d" disagree on failover_slo (1h0m0s vs 2h0m0s)`,
+		`session "s3": routes[4] "e" and routes[5] "f" disagree on transport activation (mqtt 4m0s vs mqtt unknown)`,
+		`session "s4", routes[6] "g": lease_ttl: 1s: must be at least 5s for an exclusive session`,
+	}
+	var first []CanonicalSession
+	for i := range 20 {
+		shuffled := slices.Clone(inputs)
+		rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		got, err := Preflight(shuffled)
+		msgs := ErrorStrings(err)
+		ok := len(msgs) == len(wantErrs)
+		for j := 0; ok && j < len(msgs); j++ {
+			ok = strings.HasPrefix(msgs[j], wantErrs[j])
+		}
+		if !ok {
+			t.Fatalf("run %d errors:\n%s\nwant:\n%s", i, strings.Join(msgs, "\n"), strings.Join(wantErrs, "\n"))
+		}
+		if len(got) != 1 || got[0].SessionID != "s1" || len(got[0].Sources) != 2 || got[0].Assessment.Cadence.LeaseTTL != 360*time.Second {
+			t.Fatalf("run %d sessions %+v", i, got)
+		}
+		if i == 0 {
+			first = got
+		} else if got[0].Sources[0] != first[0].Sources[0] {
+			t.Fatalf("order changed the outcome")
+		}
+	}
+}
+
+func TestPreflightEveryInputCompared(t *testing.T) {
+	act := mustMQTT(t)
+	bh, _ := BrokerHealthAfter(time.Minute)
+	base := SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
+	act2, _ := MQTTActivation(time.Second, time.Second, time.Second)
+	for field, mut := range map[string]func(*SessionPolicy){
+		"lease_ttl":               func(p *SessionPolicy) { p.Lease.LeaseTTL = 50 * time.Second },
+		"renew_call_timeout":      func(p *SessionPolicy) { p.Lease.RenewCallTimeout = 2 * time.Second },
+		"lease_renew_jitter":      func(p *SessionPolicy) { p.Lease.LeaseRenewJitter = 2 * time.Second },
+		"acquire_poll_interval":   func(p *SessionPolicy) { p.Lease.AcquirePollInterval = 2 * time.Second },
+		"max_renew_fails":         func(p *SessionPolicy) { p.Lease.MaxRenewFails = 2 },
+		"step_down_grace":         func(p *SessionPolicy) { p.Lease.StepDownGrace = 2 * time.Second },
+		"startup_allowance":       func(p *SessionPolicy) { p.StartupAllowance = time.Second },
+		"broker_health_step_down": func(p *SessionPolicy) { p.BrokerHealthStepDown = bh },
+		"transport activation":    func(p *SessionPolicy) { p.Activation = act2 },
+	} {
+		other := base
+		mut(&other)
+		_, err := Preflight([]SessionInput{{Source: "x", SessionID: "s", Policy: base}, {Source: "y", SessionID: "s", Policy: other}})
+		if err == nil || !strings.Contains(err.Error(), "disagree on "+field) {
+			t.Errorf("%s: %v", field, err)
+		}
+	}
+}
