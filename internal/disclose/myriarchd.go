@@ -1,0 +1,154 @@
+package disclose
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/myriarch/myriarch/failover"
+)
+
+// LeaderReport is the JSON object of `myriarchd budget --json`. Durations
+// are seconds (milliseconds for tcp_user_timeout_ms); the TCP parameters
+// are the whole numbers PostgreSQL receives.
+type LeaderReport struct {
+	LeaderSessionTimeout     *float64 `json:"leader_session_timeout_s"`
+	FollowerRetry            *float64 `json:"follower_retry_s"`
+	FollowerRetryMax         *float64 `json:"follower_retry_max_s"`
+	AcquisitionMargin        *float64 `json:"acquisition_margin_s"`
+	Detection                *float64 `json:"detection_s"`
+	TCPKeepalivesIdle        *int64   `json:"tcp_keepalives_idle"`
+	TCPKeepalivesInterval    *int64   `json:"tcp_keepalives_interval"`
+	TCPKeepalivesCount       *int     `json:"tcp_keepalives_count"`
+	TCPUserTimeoutMillis     *int64   `json:"tcp_user_timeout_ms"`
+	EarliestDrop             *float64 `json:"earliest_drop_s"`
+	LatestDrop               *float64 `json:"latest_drop_s"`
+	ConfirmInterval          *float64 `json:"confirm_interval_s"`
+	ConfirmTimeout           *float64 `json:"confirm_timeout_s"`
+	ResignAfter              *float64 `json:"resign_after_s"`
+	ShutdownTimeout          *float64 `json:"shutdown_timeout_s"`
+	PreStopSleep             *float64 `json:"pre_stop_sleep_s"`
+	TerminationGracePeriod   *float64 `json:"termination_grace_period_s"`
+	Errors                   []string `json:"errors"`
+	keepalive                failover.LeaderKeepalive
+	shutdown, preStop, grace time.Duration
+}
+
+// LeaderFlags are the inputs of `myriarchd budget`.
+type LeaderFlags struct {
+	fs                         *flag.FlagSet
+	timeout, shutdown, preStop *string
+	JSON                       *bool
+}
+
+// NewLeaderFlags defines the flags of `myriarchd budget`.
+func NewLeaderFlags(name string, output io.Writer) *LeaderFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(output)
+	return &LeaderFlags{
+		fs:       fs,
+		timeout:  fs.String("leader-session-timeout", failover.DefaultLeaderSessionTimeout.String(), "ha.leaderSessionTimeout (T), within [10s, 10m]"),
+		shutdown: fs.String("shutdown-timeout", failover.DefaultShutdownTimeout.String(), "server.shutdownTimeout"),
+		preStop:  fs.String("pre-stop-sleep", failover.DefaultPreStopSleep.String(), "preStopSleepSeconds of the Helm chart"),
+		JSON:     fs.Bool("json", false, "print the stable JSON object"),
+	}
+}
+
+// FlagSet exposes the underlying flag set.
+func (f *LeaderFlags) FlagSet() *flag.FlagSet { return f.fs }
+
+// Parse parses args and computes the report. A flag error (not a refused
+// value) is returned as error.
+func (f *LeaderFlags) Parse(args []string) (LeaderReport, error) {
+	if err := f.fs.Parse(args); err != nil {
+		return LeaderReport{}, err
+	}
+	if f.fs.NArg() > 0 {
+		return LeaderReport{}, fmt.Errorf("unexpected arguments: %q", f.fs.Args())
+	}
+	var errs []string
+	dur := func(flagName, field, s string) time.Duration {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("--%s (%s): %q: not a Go duration such as 30s", flagName, field, s))
+		}
+		return d
+	}
+	t := dur("leader-session-timeout", "ha.leaderSessionTimeout", *f.timeout)
+	sd := dur("shutdown-timeout", "server.shutdownTimeout", *f.shutdown)
+	ps := dur("pre-stop-sleep", "preStopSleepSeconds", *f.preStop)
+	if len(errs) > 0 {
+		return LeaderReport{Errors: errs}, nil
+	}
+	return LeaderBudget(t, sd, ps), nil
+}
+
+// LeaderBudget computes the report for T, server.shutdownTimeout and the
+// pre-stop sleep.
+func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
+	var r LeaderReport
+	k, err := failover.DeriveLeaderKeepalive(t)
+	if err != nil {
+		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
+	} else {
+		r.keepalive = k
+		r.LeaderSessionTimeout = secs(k.T)
+		r.FollowerRetry = secs(k.FollowerRetry)
+		r.FollowerRetryMax = secs(k.FollowerRetryMax)
+		r.AcquisitionMargin = secs(k.AcquisitionMargin)
+		r.Detection = secs(k.Detection)
+		idle, intvl := int64(k.KeepalivesIdle/time.Second), int64(k.KeepalivesInterval/time.Second)
+		count, ut := k.KeepalivesCount, k.UserTimeout.Milliseconds()
+		r.TCPKeepalivesIdle, r.TCPKeepalivesInterval, r.TCPKeepalivesCount, r.TCPUserTimeoutMillis = &idle, &intvl, &count, &ut
+		r.EarliestDrop = secs(k.EarliestDrop)
+		r.LatestDrop = secs(k.LatestDrop)
+		r.ConfirmInterval = secs(k.ConfirmInterval)
+		r.ConfirmTimeout = secs(k.ConfirmTimeout)
+		r.ResignAfter = secs(k.ResignAfter)
+	}
+	g, err := failover.TerminationGracePeriod(preStopSleep, shutdownTimeout)
+	if err != nil {
+		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
+	} else {
+		r.shutdown, r.preStop, r.grace = shutdownTimeout, preStopSleep, g
+		r.ShutdownTimeout = secs(shutdownTimeout)
+		r.PreStopSleep = secs(preStopSleep)
+		r.TerminationGracePeriod = secs(g)
+	}
+	return r
+}
+
+// OK reports whether every input was accepted.
+func (r LeaderReport) OK() bool { return len(r.Errors) == 0 }
+
+// Keepalive returns the derivation behind the report.
+func (r LeaderReport) Keepalive() failover.LeaderKeepalive { return r.keepalive }
+
+// WriteLeaderTable prints the report for operators.
+func WriteLeaderTable(w io.Writer, r LeaderReport) {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	defer tw.Flush()
+	for _, e := range r.Errors {
+		fmt.Fprintf(tw, "error: %s\n", e)
+	}
+	if r.LeaderSessionTimeout != nil {
+		k := r.keepalive
+		fmt.Fprintf(tw, "Leader failover after a hard failure, ha.leaderSessionTimeout T = %v\n", k.T)
+		fmt.Fprintf(tw, "  follower retry\t%v\tmin(5s, T/6), up to %v with 20%% jitter\n", k.FollowerRetry, k.FollowerRetryMax)
+		fmt.Fprintf(tw, "  acquisition margin\t%v\tT/20\n", k.AcquisitionMargin)
+		fmt.Fprintf(tw, "  detection D\t%v\tT − longest retry − margin, whole seconds\n", k.Detection)
+		fmt.Fprintf(tw, "  tcp_keepalives_idle\t%d\tI = D/6, whole seconds, at least 1\n", *r.TCPKeepalivesIdle)
+		fmt.Fprintf(tw, "  tcp_keepalives_interval\t%d\tI\n", *r.TCPKeepalivesInterval)
+		fmt.Fprintf(tw, "  tcp_keepalives_count\t%d\tD/I − 1\n", *r.TCPKeepalivesCount)
+		fmt.Fprintf(tw, "  tcp_user_timeout\t%d ms\tD − I\n", *r.TCPUserTimeoutMillis)
+		fmt.Fprintf(tw, "  server drops a silent session\t%v to %v\tafter the last packet it received\n", k.EarliestDrop, k.LatestDrop)
+		fmt.Fprintf(tw, "  leader confirms its session\tevery %v\ttimeout %v\n", k.ConfirmInterval, k.ConfirmTimeout)
+		fmt.Fprintf(tw, "  leader resigns by itself\t%v\tafter its last answer (T/2), before the server can drop the session\n", k.ResignAfter)
+	}
+	if r.TerminationGracePeriod != nil {
+		fmt.Fprintf(tw, "\nterminationGracePeriodSeconds >= preStopSleepSeconds %v + 2 × server.shutdownTimeout %v + 15s + 5s = %v\n",
+			r.preStop, r.shutdown, r.grace)
+	}
+}
