@@ -1,0 +1,399 @@
+// Package config loads myriarchd's configuration: a YAML file and one
+// MYRIARCH_* environment variable for every key, checked against the
+// defaults and ranges of the settings table before anything starts.
+//
+// Every key has the form section.name (for example ha.leaderSessionTimeout).
+// Its environment variable is MYRIARCH_ followed by the key in upper case
+// with the dot replaced by an underscore (MYRIARCH_HA_LEADERSESSIONTIMEOUT).
+// The environment overrides the file. Durations are Go duration strings.
+// Every problem is reported, each naming the key, the value and the rule;
+// a configuration with any problem is refused whole.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/myriarch/myriarch/failover"
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is myriarchd's resolved configuration.
+type Config struct {
+	HA       HA
+	Server   Server
+	Database Database
+	Agents   Agents
+	Jobs     Jobs
+	Log      Log
+}
+
+// HA is the high-availability section.
+type HA struct {
+	// LeaderSessionTimeout (T) bounds the failover after a hard failure.
+	LeaderSessionTimeout time.Duration
+	// HeartbeatInterval is the replica registry heartbeat.
+	HeartbeatInterval time.Duration
+	// LeaderLockKey is the advisory lock key.
+	LeaderLockKey int64
+	// ReplicaID names this replica; default the host name.
+	ReplicaID string
+}
+
+// Server is the listeners and the shutdown.
+type Server struct {
+	// ShutdownTimeout is the drain time of each drain phase on a planned stop.
+	ShutdownTimeout time.Duration
+	OpAMPListen     string
+	OpAMPPath       string
+	HTTPListen      string
+	TLSCertFile     string
+	TLSKeyFile      string
+	// EnrollmentSecret is the shared secret that agents present as a
+	// bearer token on the OpAMP connection.
+	EnrollmentSecret string
+	// LastSeenFlushInterval is how often last-seen times and events are
+	// written to the database in one batch.
+	LastSeenFlushInterval time.Duration
+}
+
+// Database is the PostgreSQL connection.
+type Database struct {
+	URL      string
+	MaxConns int64
+}
+
+// Agents is the agent bookkeeping.
+type Agents struct {
+	// OfflineAfter: the offline sweeper marks an agent offline whose
+	// last-seen time is older than this.
+	OfflineAfter time.Duration
+	// EventRetention is how long agent events are kept.
+	EventRetention time.Duration
+	// ReconcileInterval is the event bus safety net: how often each replica
+	// compares the desired state of its agents with what it delivered.
+	ReconcileInterval time.Duration
+}
+
+// Jobs is the leader's singleton jobs.
+type Jobs struct {
+	OfflineSweepInterval time.Duration
+	HousekeepingInterval time.Duration
+	// ReplicaRetention is how long a replica row without heartbeat is kept.
+	ReplicaRetention time.Duration
+}
+
+// Log is the logging.
+type Log struct {
+	Level  string
+	Format string
+}
+
+// Setting describes one key of the settings table.
+type Setting struct {
+	Key     string
+	Default string
+	// Rule is the accepted range in words, for errors and docs.
+	Rule    string
+	Meaning string
+	set     func(c *Config, v string) error
+}
+
+// Env is the environment variable of the setting.
+func (s Setting) Env() string { return EnvName(s.Key) }
+
+// EnvName is the environment variable of a key.
+func EnvName(key string) string {
+	return "MYRIARCH_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(*Config) *time.Duration) Setting {
+	rule := fmt.Sprintf("must be a duration within [%v, %v]", lo, hi)
+	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil {
+			return errors.New("must be a Go duration such as 30s or 2m")
+		}
+		if d < lo || d > hi {
+			return errors.New(rule)
+		}
+		*dst(c) = d
+		return nil
+	}}
+}
+
+func intSetting(key, def string, lo, hi int64, meaning string, dst func(*Config) *int64) Setting {
+	rule := fmt.Sprintf("must be an integer within [%d, %d]", lo, hi)
+	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < lo || n > hi {
+			return errors.New(rule)
+		}
+		*dst(c) = n
+		return nil
+	}}
+}
+
+func strSetting(key, def, rule, meaning string, check func(string) bool, dst func(*Config) *string) Setting {
+	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
+		if check != nil && !check(v) {
+			return errors.New(rule)
+		}
+		*dst(c) = v
+		return nil
+	}}
+}
+
+func listenAddr(v string) bool {
+	if v == "" {
+		return false
+	}
+	i := strings.LastIndex(v, ":")
+	if i < 0 {
+		return false
+	}
+	p, err := strconv.Atoi(v[i+1:])
+	return err == nil && p >= 0 && p <= 65535
+}
+
+// Settings is the settings table, in documentation order.
+var Settings = []Setting{
+	durSetting("ha.leaderSessionTimeout", "30s", failover.MinLeaderSessionTimeout, failover.MaxLeaderSessionTimeout,
+		"Bound of the leader failover after a hard failure (T).", func(c *Config) *time.Duration { return &c.HA.LeaderSessionTimeout }),
+	durSetting("ha.heartbeatInterval", "10s", time.Second, 5*time.Minute,
+		"Interval of the replica registry heartbeat.", func(c *Config) *time.Duration { return &c.HA.HeartbeatInterval }),
+	intSetting("ha.leaderLockKey", "7012024", math.MinInt64, math.MaxInt64,
+		"Advisory lock key; change it only if another application on the same database uses it.", func(c *Config) *int64 { return &c.HA.LeaderLockKey }),
+	strSetting("ha.replicaId", "", "must be at most 128 characters", "Name of this replica in the registry; empty means the host name.",
+		func(s string) bool { return len(s) <= 128 }, func(c *Config) *string { return &c.HA.ReplicaID }),
+	durSetting("server.shutdownTimeout", "30s", time.Second, 10*time.Minute,
+		"Time to drain on a planned stop (each of the two drain phases).", func(c *Config) *time.Duration { return &c.Server.ShutdownTimeout }),
+	strSetting("server.opampListen", ":4320", "must be host:port", "Listen address of the OpAMP server (WebSocket and plain HTTP).",
+		listenAddr, func(c *Config) *string { return &c.Server.OpAMPListen }),
+	strSetting("server.opampPath", "/v1/opamp", "must start with /", "URL path of the OpAMP endpoint.",
+		func(s string) bool { return strings.HasPrefix(s, "/") }, func(c *Config) *string { return &c.Server.OpAMPPath }),
+	strSetting("server.httpListen", ":8080", "must be host:port", "Listen address of the REST API, the UI, /healthz, /readyz and /metrics.",
+		listenAddr, func(c *Config) *string { return &c.Server.HTTPListen }),
+	strSetting("server.tlsCertFile", "", "", "PEM certificate for the OpAMP listener; empty serves plain TCP.", nil,
+		func(c *Config) *string { return &c.Server.TLSCertFile }),
+	strSetting("server.tlsKeyFile", "", "", "PEM key for server.tlsCertFile.", nil,
+		func(c *Config) *string { return &c.Server.TLSKeyFile }),
+	strSetting("server.enrollmentSecret", "", "must be at least 16 characters", "Secret that agents send as `Authorization: Bearer <secret>` on the OpAMP connection. Required.",
+		func(s string) bool { return len(s) >= 16 }, func(c *Config) *string { return &c.Server.EnrollmentSecret }),
+	durSetting("server.lastSeenFlushInterval", "5s", 100*time.Millisecond, time.Minute,
+		"How often last-seen times and agent events are written in one batch.", func(c *Config) *time.Duration { return &c.Server.LastSeenFlushInterval }),
+	strSetting("database.url", "", "must be a postgres:// URL or a key=value connection string", "PostgreSQL connection string. Required (not with --dev).",
+		func(s string) bool {
+			return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") || strings.Contains(s, "=")
+		},
+		func(c *Config) *string { return &c.Database.URL }),
+	intSetting("database.maxConns", "20", 2, 1000,
+		"Size of the pool of ordinary connections.", func(c *Config) *int64 { return &c.Database.MaxConns }),
+	durSetting("agents.offlineAfter", "90s", 10*time.Second, 24*time.Hour,
+		"The offline sweeper marks agents offline whose last-seen time is older; keep it above the agents' heartbeat (30s) plus server.lastSeenFlushInterval.",
+		func(c *Config) *time.Duration { return &c.Agents.OfflineAfter }),
+	durSetting("agents.eventRetention", "168h", time.Hour, 8760*time.Hour,
+		"Housekeeping deletes agent events older than this.", func(c *Config) *time.Duration { return &c.Agents.EventRetention }),
+	durSetting("agents.reconcileInterval", "30s", time.Second, 10*time.Minute,
+		"Safety net of the event bus: how often a replica redelivers desired state that did not reach its agents.",
+		func(c *Config) *time.Duration { return &c.Agents.ReconcileInterval }),
+	durSetting("jobs.offlineSweepInterval", "15s", time.Second, time.Hour,
+		"Interval of the offline sweeper (leader only).", func(c *Config) *time.Duration { return &c.Jobs.OfflineSweepInterval }),
+	durSetting("jobs.housekeepingInterval", "10m", 10*time.Second, 24*time.Hour,
+		"Interval of housekeeping (leader only).", func(c *Config) *time.Duration { return &c.Jobs.HousekeepingInterval }),
+	durSetting("jobs.replicaRetention", "24h", time.Minute, 8760*time.Hour,
+		"Housekeeping deletes replica registry rows without heartbeat for longer than this.",
+		func(c *Config) *time.Duration { return &c.Jobs.ReplicaRetention }),
+	strSetting("log.level", "info", "must be one of debug, info, warn, error", "Log level.",
+		func(s string) bool { return slices.Contains([]string{"debug", "info", "warn", "error"}, s) }, func(c *Config) *string { return &c.Log.Level }),
+	strSetting("log.format", "text", "must be text or json", "Log format.",
+		func(s string) bool { return s == "text" || s == "json" }, func(c *Config) *string { return &c.Log.Format }),
+}
+
+// Lookup returns the setting of key (case-insensitive).
+func Lookup(key string) (Setting, bool) {
+	for _, s := range Settings {
+		if strings.EqualFold(s.Key, key) {
+			return s, true
+		}
+	}
+	return Setting{}, false
+}
+
+// FieldError is one refused value.
+type FieldError = failover.FieldError
+
+// Source is where configuration comes from.
+type Source struct {
+	// File is a YAML file; empty for none.
+	File string
+	// YAML is inline YAML, used after File (for tests).
+	YAML []byte
+	// Environ is the environment as KEY=VALUE; nil means os.Environ().
+	Environ []string
+	// Overrides are key → value applied last (command-line flags).
+	Overrides map[string]string
+	// Optional names keys whose "required" rule is waived (e.g. database.url
+	// with --dev, which provides its own).
+	Optional []string
+}
+
+var required = []string{"database.url", "server.enrollmentSecret"}
+
+// Load resolves the configuration: defaults, then the file, then the
+// environment, then the overrides. All problems are returned together.
+func Load(src Source) (*Config, error) {
+	values := map[string]string{}
+	origin := map[string]string{}
+	var errs []error
+	for _, s := range Settings {
+		values[s.Key] = s.Default
+		origin[s.Key] = "default"
+	}
+	readYAML := func(name string, data []byte) {
+		flat, err := flattenYAML(data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			return
+		}
+		keys := make([]string, 0, len(flat))
+		for k := range flat {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			s, ok := Lookup(k)
+			if !ok {
+				errs = append(errs, &FieldError{Field: k, Value: flat[k], Rule: "unknown key (" + name + ")"})
+				continue
+			}
+			values[s.Key] = flat[k]
+			origin[s.Key] = name
+		}
+	}
+	if src.File != "" {
+		data, err := os.ReadFile(src.File)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		readYAML(src.File, data)
+	}
+	if src.YAML != nil {
+		readYAML("yaml", src.YAML)
+	}
+	env := src.Environ
+	if env == nil {
+		env = os.Environ()
+	}
+	known := map[string]Setting{}
+	for _, s := range Settings {
+		known[s.Env()] = s
+	}
+	for _, kv := range env {
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(name, "MYRIARCH_") {
+			continue
+		}
+		if s, ok := known[name]; ok {
+			values[s.Key] = val
+			origin[s.Key] = name
+		}
+	}
+	for k, v := range src.Overrides {
+		s, ok := Lookup(k)
+		if !ok {
+			errs = append(errs, &FieldError{Field: k, Value: v, Rule: "unknown key"})
+			continue
+		}
+		values[s.Key] = v
+		origin[s.Key] = "flag"
+	}
+	c := &Config{}
+	for _, s := range Settings {
+		v := values[s.Key]
+		if v == "" && slices.Contains(required, s.Key) {
+			if !slices.Contains(src.Optional, s.Key) {
+				errs = append(errs, &FieldError{Field: s.Key, Value: `""`, Rule: "is required (set it in the file or " + s.Env() + ")"})
+			}
+			continue
+		}
+		if v == "" && s.Default == "" {
+			continue
+		}
+		if err := s.set(c, v); err != nil {
+			errs = append(errs, &FieldError{Field: s.Key, Value: fmt.Sprintf("%q (from %s)", v, origin[s.Key]), Rule: err.Error()})
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, c.crossCheck()...)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if c.HA.ReplicaID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "myriarchd"
+		}
+		c.HA.ReplicaID = h
+	}
+	return c, nil
+}
+
+func (c *Config) crossCheck() []error {
+	var errs []error
+	if (c.Server.TLSCertFile == "") != (c.Server.TLSKeyFile == "") {
+		errs = append(errs, &FieldError{Field: "server.tlsKeyFile", Value: fmt.Sprintf("%q", c.Server.TLSKeyFile),
+			Rule: "server.tlsCertFile and server.tlsKeyFile must be set together"})
+	}
+	if c.Agents.OfflineAfter <= 2*c.Server.LastSeenFlushInterval {
+		errs = append(errs, &FieldError{Field: "agents.offlineAfter", Value: c.Agents.OfflineAfter.String(),
+			Rule: fmt.Sprintf("must be more than 2 × server.lastSeenFlushInterval (%v)", 2*c.Server.LastSeenFlushInterval)})
+	}
+	if _, err := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// Keepalive is the lock-session derivation for this configuration.
+func (c *Config) Keepalive() failover.LeaderKeepalive {
+	k, _ := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout) // checked by Load
+	return k
+}
+
+// flattenYAML turns a two-level YAML mapping into section.key → scalar.
+func flattenYAML(data []byte) (map[string]string, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	if len(root.Content) == 0 {
+		return out, nil
+	}
+	doc := root.Content[0]
+	if doc.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: the top level must be a mapping of sections", doc.Line)
+	}
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		sec, body := doc.Content[i], doc.Content[i+1]
+		if body.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("line %d: %s must be a mapping", body.Line, sec.Value)
+		}
+		for j := 0; j+1 < len(body.Content); j += 2 {
+			k, v := body.Content[j], body.Content[j+1]
+			if v.Kind != yaml.ScalarNode {
+				return nil, fmt.Errorf("line %d: %s.%s must be a single value", v.Line, sec.Value, k.Value)
+			}
+			out[sec.Value+"."+k.Value] = v.Value
+		}
+	}
+	return out, nil
+}

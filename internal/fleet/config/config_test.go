@@ -1,0 +1,103 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var base = []string{"MYRIARCH_DATABASE_URL=postgres://x@localhost/db", "MYRIARCH_SERVER_ENROLLMENTSECRET=0123456789abcdef"}
+
+func TestDefaultsMatchTheSpec(t *testing.T) {
+	c, err := Load(Source{Environ: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HA.LeaderSessionTimeout != 30*time.Second || c.HA.HeartbeatInterval != 10*time.Second ||
+		c.HA.LeaderLockKey != 7012024 || c.Server.ShutdownTimeout != 30*time.Second {
+		t.Fatalf("spec defaults: %+v %+v", c.HA, c.Server)
+	}
+	if c.Server.OpAMPListen != ":4320" || c.Server.OpAMPPath != "/v1/opamp" {
+		t.Fatalf("opamp defaults: %+v", c.Server)
+	}
+	if c.HA.ReplicaID == "" {
+		t.Fatal("replica id not defaulted")
+	}
+}
+
+func TestEveryKeyHasAnEnvironmentVariable(t *testing.T) {
+	if got := EnvName("ha.leaderSessionTimeout"); got != "MYRIARCH_HA_LEADERSESSIONTIMEOUT" {
+		t.Fatal(got)
+	}
+	for _, s := range Settings {
+		if s.Default == "" {
+			continue
+		}
+		// Setting each key's default through its variable must be accepted.
+		if _, err := Load(Source{Environ: append(base[:2:2], s.Env()+"="+s.Default)}); err != nil {
+			t.Errorf("%s=%s: %v", s.Env(), s.Default, err)
+		}
+	}
+}
+
+func TestFileThenEnvironmentThenOverrides(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "c.yaml")
+	os.WriteFile(f, []byte("ha:\n  leaderSessionTimeout: 20s\n  heartbeatInterval: 5s\nserver:\n  shutdownTimeout: 45s\n"), 0o600)
+	c, err := Load(Source{File: f, Environ: append(base[:2:2], "MYRIARCH_HA_LEADERSESSIONTIMEOUT=40s"),
+		Overrides: map[string]string{"ha.heartbeatInterval": "7s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HA.LeaderSessionTimeout != 40*time.Second || c.HA.HeartbeatInterval != 7*time.Second || c.Server.ShutdownTimeout != 45*time.Second {
+		t.Fatalf("%+v %+v", c.HA, c.Server)
+	}
+}
+
+func TestInvalidValuesAreRefusedWithKeyValueAndRule(t *testing.T) {
+	cases := []struct{ env, want string }{
+		{"MYRIARCH_HA_LEADERSESSIONTIMEOUT=9s", `ha.leaderSessionTimeout: "9s" (from MYRIARCH_HA_LEADERSESSIONTIMEOUT): must be a duration within [10s, 10m0s]`},
+		{"MYRIARCH_HA_LEADERSESSIONTIMEOUT=11m", "within [10s, 10m0s]"},
+		{"MYRIARCH_HA_LEADERSESSIONTIMEOUT=abc", "must be a Go duration"},
+		{"MYRIARCH_HA_LEADERLOCKKEY=x", "ha.leaderLockKey"},
+		{"MYRIARCH_SERVER_SHUTDOWNTIMEOUT=0s", "server.shutdownTimeout"},
+		{"MYRIARCH_SERVER_OPAMPLISTEN=nohost", "must be host:port"},
+		{"MYRIARCH_LOG_LEVEL=loud", "must be one of"},
+		{"MYRIARCH_AGENTS_OFFLINEAFTER=10s", "2 × server.lastSeenFlushInterval"},
+	}
+	for _, tc := range cases {
+		_, err := Load(Source{Environ: append(base[:2:2], tc.env)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestAllProblemsAreReportedTogether(t *testing.T) {
+	_, err := Load(Source{Environ: []string{"MYRIARCH_HA_HEARTBEATINTERVAL=0s"}, YAML: []byte("ha:\n  nonsense: 1\n")})
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"database.url", "server.enrollmentSecret", "ha.heartbeatInterval", "ha.nonsense: 1: unknown key"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
+
+func TestOptionalWaivesRequired(t *testing.T) {
+	if _, err := Load(Source{Environ: []string{}, Optional: []string{"database.url", "server.enrollmentSecret"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadYAMLShape(t *testing.T) {
+	if _, err := Load(Source{Environ: base, YAML: []byte("- a\n")}); err == nil {
+		t.Fatal("accepted a list")
+	}
+	if _, err := Load(Source{Environ: base, YAML: []byte("ha:\n  heartbeatInterval: [1]\n")}); err == nil {
+		t.Fatal("accepted a list value")
+	}
+}
