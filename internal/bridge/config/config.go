@@ -1,0 +1,213 @@
+package config
+
+import (
+	"time"
+
+	"github.com/myriarch/myriarch/failover"
+)
+
+// Config is a validated configuration with every default applied.
+type Config struct {
+	File       string
+	Bridge     BridgeSettings
+	LeaseStore LeaseStoreSettings
+	Sessions   []SessionSettings
+	Receivers  []ReceiverSettings
+	Senders    []SenderSettings
+	Routes     []RouteSettings
+	// Exclusive is the canonical, admitted policy of every exclusive
+	// session that a route uses, sorted by session ID.
+	Exclusive []failover.CanonicalSession
+	Warnings  []string
+}
+
+// Session modes.
+const (
+	Ephemeral  = "ephemeral"
+	Persistent = "persistent"
+	Exclusive  = "exclusive"
+)
+
+// Defaults.
+const (
+	DefaultShutdownTimeout  = 30 * time.Second
+	DefaultHTTPListen       = "127.0.0.1:9464"
+	DefaultKeepAlive        = 30 * time.Second
+	DefaultSessionExpiry    = time.Hour
+	DefaultReceiveMaximum   = 1000
+	DefaultMaxInFlight      = 1000
+	DefaultRetryAttempts    = 5
+	DefaultInitialBackoff   = 100 * time.Millisecond
+	DefaultMaxBackoff       = 5 * time.Second
+	DefaultSenderTimeout    = 10 * time.Second
+	DefaultLeaseStorePath   = "myriarch-bridge-lease.db"
+	DefaultDeadLetterPath   = "myriarch-bridge-deadletter.jsonl"
+	maxSessionExpiry        = time.Duration(0xFFFFFFFF) * time.Second
+	maxReceiveMaximum       = 65535
+	maxKeepAlive            = 65535 * time.Second
+	minKeepAlive            = time.Second
+	leaseStoreSQLite        = "sqlite"
+	leaseStorePostgres      = "postgres"
+	leaseStoreEtcd          = "etcd"
+	senderMQTT, senderHTTP  = "mqtt", "http"
+	senderNATS, senderKafka = "nats", "kafka"
+	senderFile              = "file"
+)
+
+// BridgeSettings is the process-wide block.
+type BridgeSettings struct {
+	ID              string
+	InstanceID      string
+	InstanceIDSet   bool // false: derived from the hostname and a random suffix
+	DeploymentMode  failover.DeploymentMode
+	ShutdownTimeout time.Duration
+	HTTPListen      string
+	DeadLetterPath  string
+}
+
+// LeaseStoreSettings selects the lease store.
+type LeaseStoreSettings struct {
+	Type      string // sqlite, postgres or etcd
+	Path      string
+	DSN       Secret
+	Endpoints []string
+	Prefix    string
+}
+
+// Secret is a value that is never printed.
+type Secret string
+
+func (Secret) String() string { return "[redacted]" }
+
+// GoString keeps %#v from printing the secret.
+func (Secret) GoString() string { return "[redacted]" }
+
+// MarshalText keeps encoders from printing the secret.
+func (Secret) MarshalText() ([]byte, error) { return []byte("[redacted]"), nil }
+
+// Reveal returns the secret for the one place that needs it.
+func (s Secret) Reveal() string { return string(s) }
+
+// TLSSettings configures a client TLS connection.
+type TLSSettings struct {
+	CAFile, CertFile, KeyFile, ServerName string
+	InsecureSkipVerify                    bool
+}
+
+// SessionSettings is one MQTT session.
+type SessionSettings struct {
+	ID                    string
+	Mode                  string
+	Brokers               []string
+	ClientID              string
+	ClientIDInstance      bool // append "-" + instance_id at run time
+	CleanStart            bool
+	SessionExpiryInterval time.Duration
+	KeepAlive             time.Duration
+	Username              string
+	Password              Secret
+	TLS                   *TLSSettings
+	ConnectTimeout        time.Duration
+	ReconcileTimeout      time.Duration
+	UnmatchedGrace        time.Duration
+	ReceiveMaximum        int
+	Activation            failover.Activation
+	// ConnectAfterLease is the routes' connect_after_lease (exclusive only).
+	ConnectAfterLease bool
+}
+
+// ReceiverSettings is a set of subscriptions on one session.
+type ReceiverSettings struct {
+	ID      string
+	Session string
+	Topics  []TopicSettings
+}
+
+// TopicSettings is one subscription.
+type TopicSettings struct {
+	Filter string
+	QoS    byte
+}
+
+// SenderSettings is one destination.
+type SenderSettings struct {
+	ID             string
+	Type           string
+	MaxAttempts    int
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	Timeout        time.Duration
+
+	// mqtt
+	Broker         string
+	ClientID       string
+	Username       string
+	Password       Secret
+	TLS            *TLSSettings
+	QoS            byte
+	KeepAlive      time.Duration
+	ConnectTimeout time.Duration
+	// http
+	URL     string
+	Headers map[string]string
+	// nats
+	SubjectPrefix string
+	// kafka
+	KafkaBrokers []string
+	KafkaTopic   string
+	// file
+	Path string
+}
+
+// RouteSettings is one route.
+type RouteSettings struct {
+	ID          string
+	Receiver    string
+	Session     string // the receiver's session
+	Senders     []string
+	MaxInFlight int
+	StripPrefix string
+	AddPrefix   string
+	// Policy is set when the session is exclusive.
+	Policy *failover.SessionPolicy
+}
+
+// Session returns the session with the given ID.
+func (c *Config) Session(id string) *SessionSettings {
+	for i := range c.Sessions {
+		if c.Sessions[i].ID == id {
+			return &c.Sessions[i]
+		}
+	}
+	return nil
+}
+
+// Receiver returns the receiver with the given ID.
+func (c *Config) Receiver(id string) *ReceiverSettings {
+	for i := range c.Receivers {
+		if c.Receivers[i].ID == id {
+			return &c.Receivers[i]
+		}
+	}
+	return nil
+}
+
+// Sender returns the sender with the given ID.
+func (c *Config) Sender(id string) *SenderSettings {
+	for i := range c.Senders {
+		if c.Senders[i].ID == id {
+			return &c.Senders[i]
+		}
+	}
+	return nil
+}
+
+// ExclusiveSession returns the canonical policy of an exclusive session.
+func (c *Config) ExclusiveSession(id string) *failover.CanonicalSession {
+	for i := range c.Exclusive {
+		if c.Exclusive[i].SessionID == id {
+			return &c.Exclusive[i]
+		}
+	}
+	return nil
+}

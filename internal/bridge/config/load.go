@@ -1,0 +1,204 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Problem is one refused piece of the configuration.
+type Problem struct {
+	File  string
+	Line  int    // 0 when unknown
+	Path  string // e.g. routes[0].lease_ttl
+	Value string // as written, quoted when a string
+	Rule  string
+}
+
+func (p Problem) Error() string {
+	var b strings.Builder
+	b.WriteString(p.File)
+	if p.Line > 0 {
+		fmt.Fprintf(&b, ":%d", p.Line)
+	}
+	b.WriteString(": ")
+	if p.Path != "" {
+		b.WriteString(p.Path)
+		b.WriteString(": ")
+	}
+	if p.Value != "" {
+		b.WriteString(p.Value)
+		b.WriteString(": ")
+	}
+	b.WriteString(p.Rule)
+	return b.String()
+}
+
+// Problems is every problem of one file; Load returns it as its error.
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	lines := make([]string, len(ps))
+	for i, p := range ps {
+		lines[i] = p.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Load reads and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse validates data as the configuration file named name. Secrets named
+// by password_file and dsn_file are read; nothing else is opened.
+func Parse(name string, data []byte) (*Config, error) {
+	v := &validator{file: name, lines: map[string]int{}}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, Problems{{File: name, Rule: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+	}
+	if root.Kind == 0 {
+		return nil, Problems{{File: name, Rule: "the file is empty"}}
+	}
+	doc := &root
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	v.walk(doc, reflect.TypeFor[File](), "")
+
+	var f File
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			v.problems = append(v.problems, Problem{File: name, Rule: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")})
+			return nil, v.problems
+		}
+		for _, msg := range te.Errors {
+			if strings.Contains(msg, "not found in type") {
+				continue // reported with its path by walk
+			}
+			line := 0
+			if rest, ok := strings.CutPrefix(msg, "line "); ok {
+				if n, _, ok := strings.Cut(rest, ":"); ok {
+					line, _ = strconv.Atoi(n)
+					msg = strings.TrimSpace(rest[len(n)+1:])
+				}
+			}
+			v.problems = append(v.problems, Problem{File: name, Line: line, Rule: "wrong type: " + msg})
+		}
+	}
+	if len(v.problems) > 0 {
+		return nil, v.problems
+	}
+	cfg := v.validate(&f)
+	if len(v.problems) > 0 {
+		return nil, v.problems
+	}
+	return cfg, nil
+}
+
+// walk records the line of every path and reports keys that the schema
+// does not know, with the keys it does.
+func (v *validator) walk(n *yaml.Node, t reflect.Type, path string) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if path != "" {
+		v.lines[path] = n.Line
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+				return
+			}
+			v.problems = append(v.problems, Problem{File: v.file, Line: n.Line, Path: path, Value: shortValue(n), Rule: "must be a mapping"})
+			return
+		}
+		fields := map[string]reflect.Type{}
+		var names []string
+		for i := range t.NumField() {
+			tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+			if tag == "" || tag == "-" {
+				continue
+			}
+			fields[tag] = t.Field(i).Type
+			names = append(names, tag)
+		}
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			p := join(path, k.Value)
+			ft, ok := fields[k.Value]
+			if !ok {
+				slices.Sort(names)
+				v.problems = append(v.problems, Problem{File: v.file, Line: k.Line, Path: p,
+					Rule: fmt.Sprintf("unknown key; %s accepts %s", orRoot(path), strings.Join(names, ", "))})
+				continue
+			}
+			if seen[k.Value] {
+				v.problems = append(v.problems, Problem{File: v.file, Line: k.Line, Path: p, Rule: "key appears twice"})
+			}
+			seen[k.Value] = true
+			v.walk(val, ft, p)
+		}
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+				return
+			}
+			v.problems = append(v.problems, Problem{File: v.file, Line: n.Line, Path: path, Value: shortValue(n), Rule: "must be a list"})
+			return
+		}
+		for i, c := range n.Content {
+			v.walk(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+		}
+	case reflect.Map:
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				v.lines[join(path, n.Content[i].Value)] = n.Content[i].Line
+			}
+		}
+	}
+}
+
+func orRoot(path string) string {
+	if path == "" {
+		return "the top level"
+	}
+	return path
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func shortValue(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return strconv.Quote(n.Value)
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	}
+	return ""
+}

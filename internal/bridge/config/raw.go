@@ -1,0 +1,179 @@
+// Package config reads and validates the YAML configuration of
+// myriarch-bridge. Nothing is opened here: Load returns either a fully
+// validated Config, with the lease cadence and failover budgets of every
+// exclusive session resolved and admitted, or every problem at once, each
+// naming the file, the path of the key, the value and the rule.
+package config
+
+// The raw types mirror the YAML document. Durations are strings here so
+// that a bad one is reported with its path during validation instead of
+// stopping the decoder.
+
+// File is the whole document.
+type File struct {
+	Bridge    Bridge     `yaml:"bridge"`
+	Stores    Stores     `yaml:"stores"`
+	Sessions  []Session  `yaml:"sessions"`
+	Receivers []Receiver `yaml:"receivers"`
+	Senders   []Sender   `yaml:"senders"`
+	Routes    []Route    `yaml:"routes"`
+}
+
+// Bridge is the process-wide block.
+type Bridge struct {
+	ID              string `yaml:"id"`
+	InstanceID      string `yaml:"instance_id"`
+	DeploymentMode  string `yaml:"deployment_mode"`
+	ShutdownTimeout string `yaml:"shutdown_timeout"`
+	HTTP            struct {
+		Listen string `yaml:"listen"`
+	} `yaml:"http"`
+	DeadLetter struct {
+		Path string `yaml:"path"`
+	} `yaml:"dead_letter"`
+}
+
+// Stores holds the lease store.
+type Stores struct {
+	Lease LeaseStore `yaml:"lease"`
+}
+
+// LeaseStore selects the lease store: sqlite (default), postgres or etcd.
+type LeaseStore struct {
+	Type      string   `yaml:"type"`
+	Path      string   `yaml:"path"`
+	DSN       string   `yaml:"dsn"`
+	DSNFile   string   `yaml:"dsn_file"`
+	Endpoints []string `yaml:"endpoints"`
+	Prefix    string   `yaml:"prefix"`
+}
+
+// Session is one connection to an MQTT broker.
+type Session struct {
+	ID                    string   `yaml:"id"`
+	Transport             string   `yaml:"transport"`
+	SessionMode           string   `yaml:"session_mode"`
+	Brokers               []string `yaml:"brokers"`
+	ClientID              string   `yaml:"client_id"`
+	ClientIDSuffix        string   `yaml:"client_id_suffix"`
+	CleanStart            *bool    `yaml:"clean_start"`
+	SessionExpiryInterval string   `yaml:"session_expiry_interval"`
+	KeepAlive             string   `yaml:"keep_alive"`
+	Username              string   `yaml:"username"`
+	PasswordFile          string   `yaml:"password_file"`
+	PasswordEnv           string   `yaml:"password_env"`
+	TLS                   *TLS     `yaml:"tls"`
+	ConnectTimeout        string   `yaml:"connect_timeout"`
+	ReconcileTimeout      string   `yaml:"reconcile_timeout"`
+	UnmatchedGrace        string   `yaml:"unmatched_grace"`
+	ReceiveMaximum        int      `yaml:"receive_maximum"`
+}
+
+// TLS configures a client TLS connection.
+type TLS struct {
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// Receiver is a set of topic filters on one session.
+type Receiver struct {
+	ID      string  `yaml:"id"`
+	Session string  `yaml:"session"`
+	Topics  []Topic `yaml:"topics"`
+}
+
+// Topic is one subscription.
+type Topic struct {
+	Filter string `yaml:"filter"`
+	QoS    *int   `yaml:"qos"`
+}
+
+// Sender is one destination.
+type Sender struct {
+	ID    string      `yaml:"id"`
+	Type  string      `yaml:"type"`
+	Retry Retry       `yaml:"retry"`
+	MQTT  *MQTTSender `yaml:"mqtt"`
+	HTTP  *HTTPSender `yaml:"http"`
+	NATS  *NATSSender `yaml:"nats"`
+	Kafka *KafkaSend  `yaml:"kafka"`
+	File  *FileSender `yaml:"file"`
+}
+
+// Retry is a sender's retry policy before dead-lettering.
+type Retry struct {
+	MaxAttempts    int    `yaml:"max_attempts"`
+	InitialBackoff string `yaml:"initial_backoff"`
+	MaxBackoff     string `yaml:"max_backoff"`
+}
+
+// MQTTSender publishes to another broker.
+type MQTTSender struct {
+	Broker         string `yaml:"broker"`
+	ClientID       string `yaml:"client_id"`
+	Username       string `yaml:"username"`
+	PasswordFile   string `yaml:"password_file"`
+	PasswordEnv    string `yaml:"password_env"`
+	TLS            *TLS   `yaml:"tls"`
+	QoS            *int   `yaml:"qos"`
+	KeepAlive      string `yaml:"keep_alive"`
+	ConnectTimeout string `yaml:"connect_timeout"`
+	Timeout        string `yaml:"timeout"`
+}
+
+// HTTPSender POSTs each message.
+type HTTPSender struct {
+	URL     string            `yaml:"url"`
+	Headers map[string]string `yaml:"headers"`
+	Timeout string            `yaml:"timeout"`
+}
+
+// NATSSender publishes to NATS.
+type NATSSender struct {
+	URL           string `yaml:"url"`
+	SubjectPrefix string `yaml:"subject_prefix"`
+	Timeout       string `yaml:"timeout"`
+}
+
+// KafkaSend produces to Kafka.
+type KafkaSend struct {
+	Brokers []string `yaml:"brokers"`
+	Topic   string   `yaml:"topic"`
+	Timeout string   `yaml:"timeout"`
+}
+
+// FileSender appends JSON lines.
+type FileSender struct {
+	Path string `yaml:"path"`
+}
+
+// Route takes one receiver to its senders. The lease keys are the session
+// block of the spec; they apply when the receiver's session is exclusive.
+type Route struct {
+	ID          string   `yaml:"id"`
+	Receiver    string   `yaml:"receiver"`
+	Senders     []string `yaml:"senders"`
+	MaxInFlight int      `yaml:"max_in_flight"`
+	Rewrite     *Rewrite `yaml:"rewrite"`
+
+	LeaseTTL             string `yaml:"lease_ttl"`
+	RenewInterval        string `yaml:"renew_interval"`
+	LeaseRenewJitter     string `yaml:"lease_renew_jitter"`
+	RenewCallTimeout     string `yaml:"renew_call_timeout"`
+	AcquirePollInterval  string `yaml:"acquire_poll_interval"`
+	MaxRenewFails        int    `yaml:"max_renew_fails"`
+	StepDownGrace        string `yaml:"step_down_grace"`
+	ConnectAfterLease    *bool  `yaml:"connect_after_lease"`
+	FailoverSLO          string `yaml:"failover_slo"`
+	BrokerHealthStepDown string `yaml:"broker_health_step_down"`
+	StartupAllowance     string `yaml:"startup_allowance"`
+}
+
+// Rewrite replaces a topic prefix.
+type Rewrite struct {
+	StripPrefix string `yaml:"strip_prefix"`
+	AddPrefix   string `yaml:"add_prefix"`
+}
