@@ -1,0 +1,41 @@
+// Package pgleader elects one leader among the replicas of a service that
+// share a PostgreSQL database, with a bound on the failover after a hard
+// failure of the leader.
+//
+// The leader is the replica whose dedicated lock session holds the session
+// advisory lock Config.LockKey (default 7012024). Everything time-related
+// derives from one setting, T = Config.LeaderSessionTimeout
+// (ha.leaderSessionTimeout, see failover.DeriveLeaderKeepalive):
+//
+//   - The lock session (and the LISTEN/NOTIFY listener session opened with
+//     Elector.ConnectSession) send tcp_keepalives_idle, _interval, _count
+//     and tcp_user_timeout in the startup packet, so that PostgreSQL drops
+//     a silent session between D − I and D after the last packet it
+//     received. Ordinary pooled connections keep the server defaults. A
+//     server that refuses tcp_user_timeout is used without it (one warning).
+//   - Followers try pg_try_advisory_lock every min(5s, T/6) plus up to 20 %
+//     jitter.
+//   - The leader confirms its lock session every T/6 (timeout T/3) and
+//     resigns at the latest T/2 after the last answer: it cancels the
+//     leader context, sets myriarch_leader to 0, ends its own lock session
+//     with pg_terminate_backend through the pool, and campaigns again.
+//   - A planned stop (cancel the context of Run) unlocks and closes the
+//     lock session within 4 seconds.
+//
+// Beyond the keepalive bound, which needs a peer that has gone silent, a
+// leader process that is frozen (SIGSTOP, VM pause) keeps its connection
+// alive. Followers therefore read the registry heartbeat of the lock holder
+// and end its lock session by pid when it is older than T. A frozen leader
+// that wakes up must not act on its old term: every write of a leader job
+// goes through Elector.InTerm (or Elector.Fence in a caller's
+// transaction), which locks the term row FOR SHARE and fails with
+// ErrStaleTerm unless the term is still current and its lock session still
+// holds the lock. A new leader increments the term under an exclusive row
+// lock, so fenced writes of two terms never interleave.
+//
+// Tables (created by EnsureSchema, which Run calls):
+//
+//	myriarch_leader_term (lock_key PK, term, leader_id, lock_pid, elected_at)
+//	myriarch_replicas    (id PK, host, version, started_at, last_heartbeat,
+//	                      is_leader, lock_pid)
+package pgleader

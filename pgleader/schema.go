@@ -1,0 +1,166 @@
+package pgleader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Table names.
+const (
+	TermTable     = "myriarch_leader_term"
+	RegistryTable = "myriarch_replicas"
+)
+
+// schemaLockKey serializes concurrent EnsureSchema calls (two-int4 advisory
+// keys live apart from the single-bigint leader key).
+const schemaLockA, schemaLockB = 0x4d59, 0x5047
+
+const schemaSQL = `
+CREATE TABLE IF NOT EXISTS ` + TermTable + ` (
+	lock_key   bigint PRIMARY KEY,
+	term       bigint NOT NULL,
+	leader_id  text NOT NULL,
+	lock_pid   integer NOT NULL,
+	elected_at timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ` + RegistryTable + ` (
+	id             text PRIMARY KEY,
+	host           text NOT NULL,
+	version        text NOT NULL,
+	started_at     timestamptz NOT NULL,
+	last_heartbeat timestamptz NOT NULL,
+	is_leader      boolean NOT NULL DEFAULT false,
+	lock_pid       integer
+);
+CREATE INDEX IF NOT EXISTS ` + RegistryTable + `_lock_pid ON ` + RegistryTable + ` (lock_pid);
+`
+
+// EnsureSchema creates the term and registry tables if they do not exist.
+// Concurrent callers are serialized with a transaction-level advisory lock.
+func EnsureSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, $2::int4)", schemaLockA, schemaLockB); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, schemaSQL)
+		return err
+	})
+}
+
+// lockKeyWhere matches the granted advisory lock of key $1 in the current
+// database in pg_locks aliased l. A single bigint key is stored as
+// classid = high 32 bits, objid = low 32 bits, objsubid = 1.
+const lockKeyWhere = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+	AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND l.classid::bigint = (($1::bigint >> 32) & 4294967295)
+	AND l.objid::bigint = ($1::bigint & 4294967295)`
+
+// CheckTerm verifies inside tx that term is the current term of lockKey and
+// that the lock session that started it still holds the lock. It locks the
+// term row FOR SHARE until tx ends, so a new leader cannot start a new term
+// before tx has committed or rolled back. It returns an error wrapping
+// ErrStaleTerm when the term is no longer current.
+func CheckTerm(ctx context.Context, tx pgx.Tx, lockKey, term int64) error {
+	var cur int64
+	var held bool
+	err := tx.QueryRow(ctx, `SELECT t.term, EXISTS (SELECT 1 FROM pg_locks l WHERE `+lockKeyWhere+` AND l.pid = t.lock_pid)
+		FROM `+TermTable+` t WHERE t.lock_key = $1 FOR SHARE OF t`, lockKey).Scan(&cur, &held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: no term recorded for lock key %d", ErrStaleTerm, lockKey)
+	}
+	if err != nil {
+		return err
+	}
+	if cur != term {
+		return fmt.Errorf("%w: term %d, current term %d", ErrStaleTerm, term, cur)
+	}
+	if !held {
+		return fmt.Errorf("%w: term %d: its lock session no longer holds lock %d", ErrStaleTerm, term, lockKey)
+	}
+	return nil
+}
+
+// Replica is one row of the replica registry.
+type Replica struct {
+	ID            string
+	Host          string
+	Version       string
+	StartedAt     time.Time
+	LastHeartbeat time.Time
+	// Age is the time since LastHeartbeat by the database clock.
+	Age time.Duration
+	// IsLeader is what the replica last reported; HoldsLock is whether its
+	// lock session holds the leader lock right now.
+	IsLeader  bool
+	HoldsLock bool
+	// LockPID is the backend pid of its lock session (0: none).
+	LockPID int32
+	// Stale is true when the heartbeat is older than the staleness limit
+	// given to ReadReplicas.
+	Stale bool
+}
+
+// ReadReplicas lists the registry, oldest first. Rows whose heartbeat is
+// older than staleAfter are marked Stale; they stay until removed with
+// PruneReplicas.
+func ReadReplicas(ctx context.Context, pool *pgxpool.Pool, lockKey int64, staleAfter time.Duration) ([]Replica, error) {
+	rows, err := pool.Query(ctx, `SELECT r.id, r.host, r.version, r.started_at, r.last_heartbeat,
+			EXTRACT(EPOCH FROM now() - r.last_heartbeat)::float8, r.is_leader, coalesce(r.lock_pid, 0),
+			EXISTS (SELECT 1 FROM pg_locks l WHERE `+lockKeyWhere+` AND l.pid = r.lock_pid)
+		FROM `+RegistryTable+` r ORDER BY r.started_at, r.id`, lockKey)
+	if err != nil {
+		return nil, err
+	}
+	var out []Replica
+	for rows.Next() {
+		var r Replica
+		var age float64
+		if err := rows.Scan(&r.ID, &r.Host, &r.Version, &r.StartedAt, &r.LastHeartbeat, &age, &r.IsLeader, &r.LockPID, &r.HoldsLock); err != nil {
+			return nil, err
+		}
+		r.Age = time.Duration(age * float64(time.Second))
+		r.Stale = r.Age > staleAfter
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// PruneReplicas deletes registry rows whose heartbeat is older than
+// olderThan and returns how many it deleted.
+func PruneReplicas(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration) (int64, error) {
+	tag, err := pool.Exec(ctx, `DELETE FROM `+RegistryTable+` WHERE last_heartbeat < now() - make_interval(secs => $1)`, olderThan.Seconds())
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// registryUpsert writes the registry row. $6 is the lock pid; NULL keeps
+// none. On the lock session itself pass lockPIDSelf to record its own pid.
+const registryUpsert = `INSERT INTO ` + RegistryTable + ` AS r
+	(id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
+	VALUES ($1, $2, $3, $4, now(), $5, %s)
+	ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version,
+		started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,
+		is_leader = EXCLUDED.is_leader, lock_pid = EXCLUDED.lock_pid`
+
+var (
+	registryUpsertParam = fmt.Sprintf(registryUpsert, "$6")
+	registryUpsertSelf  = fmt.Sprintf(registryUpsert, "pg_backend_pid()")
+)
+
+// isUserTimeoutRefusal reports whether a connection error is the server
+// refusing the tcp_user_timeout startup parameter.
+func isUserTimeoutRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return containsFold(pgErr.Message, "tcp_user_timeout") || containsFold(pgErr.Detail, "tcp_user_timeout")
+}
