@@ -65,6 +65,17 @@ func Load(path string) (*Config, error) {
 // Parse validates data as the configuration file named name. Secrets named
 // by password_file and dsn_file are read; nothing else is opened.
 func Parse(name string, data []byte) (*Config, error) {
+	cfg, problems := Check(name, data)
+	if len(problems) > 0 {
+		return nil, problems
+	}
+	return cfg, nil
+}
+
+// Check is Parse for disclosure: with problems it still returns what it
+// resolved (nil only when the YAML itself is unusable), so that
+// `myriarch-bridge check` can show the budgets of refused sessions.
+func Check(name string, data []byte) (*Config, Problems) {
 	v := &validator{file: name, lines: map[string]int{}}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
@@ -106,10 +117,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		return nil, v.problems
 	}
 	cfg := v.validate(&f)
-	if len(v.problems) > 0 {
-		return nil, v.problems
-	}
-	return cfg, nil
+	return cfg, v.problems
 }
 
 // walk records the line of every path and reports keys that the schema

@@ -152,9 +152,7 @@ func (v *validator) validate(f *File) *Config {
 	v.receivers(f, cfg)
 	v.senders(f, cfg)
 	v.routes(f, cfg)
-	if len(v.problems) == 0 {
-		v.admit(cfg)
-	}
+	v.admit(cfg)
 	return cfg
 }
 
@@ -665,16 +663,16 @@ func (v *validator) admit(cfg *Config) {
 				}
 				v.add(p, nil, "%v", e)
 			}
-			continue
 		}
 		inputs = append(inputs, failover.SessionInput{Source: fmt.Sprintf("routes[%d] %q", i, r.ID), SessionID: r.Session, Policy: *r.Policy})
 	}
-	if len(v.problems) > 0 {
-		return
-	}
 	canon, err := failover.Preflight(inputs)
 	for _, e := range failover.Errs(err) {
-		v.problems = append(v.problems, Problem{File: v.file, Rule: e.Error()})
+		// Refusals of one route's policy were reported above with their
+		// paths; what is left is divergence between routes.
+		if msg := e.Error(); !strings.Contains(msg, `", routes[`) {
+			v.problems = append(v.problems, Problem{File: v.file, Rule: msg})
+		}
 	}
 	cfg.Exclusive = canon
 	for _, c := range canon {

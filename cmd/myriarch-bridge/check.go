@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/cli"
+	"github.com/myriarch/myriarch/internal/disclose"
+)
+
+func init() {
+	commands.Register(cli.Command{
+		Name:    "check",
+		Summary: "validate a configuration file and disclose the failover budget of each exclusive session",
+		Run:     runCheck,
+	})
+}
+
+// checkReport is the JSON object of `myriarch-bridge check --json`.
+type checkReport struct {
+	Config   string                  `json:"config"`
+	Admitted bool                    `json:"admitted"`
+	Errors   []string                `json:"errors"`
+	Warnings []string                `json:"warnings"`
+	Sessions []disclose.BridgeReport `json:"sessions"`
+}
+
+func runCheck(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("myriarch-bridge check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("c", "", "configuration file (YAML)")
+	asJSON := fs.Bool("json", false, "print one JSON object: errors, warnings and, per exclusive session, the fields of `budget --json` plus session_id")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return cli.ExitUsage
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: myriarch-bridge check -c FILE [--json]")
+		return cli.ExitUsage
+	}
+	r := check(*file)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(r)
+	} else {
+		for i, s := range r.Sessions {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "Exclusive session %q\n", s.SessionID)
+			disclose.WriteBridgeTable(stdout, s)
+		}
+		for _, w := range r.Warnings {
+			fmt.Fprintln(stdout, "warning:", w)
+		}
+		if r.Admitted {
+			fmt.Fprintf(stdout, "%s: configuration valid; every exclusive session admitted\n", r.Config)
+		}
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintln(stderr, e)
+	}
+	if !r.Admitted {
+		return cli.ExitUsage
+	}
+	return 0
+}
+
+func check(file string) checkReport {
+	r := checkReport{Config: file, Errors: []string{}, Warnings: []string{}, Sessions: []disclose.BridgeReport{}}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		r.Errors = append(r.Errors, err.Error())
+		return r
+	}
+	cfg, problems := config.Check(file, data)
+	for _, p := range problems {
+		r.Errors = append(r.Errors, p.Error())
+	}
+	r.Admitted = len(problems) == 0
+	if cfg == nil {
+		return r
+	}
+	r.Warnings = append(r.Warnings, cfg.Warnings...)
+	r.Sessions = sessionReports(cfg)
+	return r
+}
+
+// sessionReports discloses every exclusive session that a route uses: its
+// canonical assessment, or, when its routes could not be canonicalized,
+// the assessment of its first route.
+func sessionReports(cfg *config.Config) []disclose.BridgeReport {
+	var out []disclose.BridgeReport
+	for _, s := range cfg.Sessions {
+		if s.Mode != config.Exclusive {
+			continue
+		}
+		var a *failover.Assessment
+		if c := cfg.ExclusiveSession(s.ID); c != nil {
+			a = &c.Assessment
+		} else {
+			for _, rt := range cfg.Routes {
+				if rt.Session == s.ID && rt.Policy != nil {
+					x := failover.Assess(*rt.Policy)
+					a = &x
+					break
+				}
+			}
+		}
+		if a == nil {
+			continue
+		}
+		rep := disclose.NewBridgeReport(*a)
+		rep.SessionID = s.ID
+		out = append(out, rep)
+	}
+	if out == nil {
+		out = []disclose.BridgeReport{}
+	}
+	return out
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const checkConfig = `
+bridge: {id: b1}
+stores: {lease: {path: /tmp/x.db}}
+sessions:
+  - {id: plant, session_mode: exclusive, brokers: ["tcp://127.0.0.1:1883"], client_id: plant,
+     connect_timeout: 2s, reconcile_timeout: 2s, unmatched_grace: 1s}
+receivers:
+  - {id: r, session: plant, topics: [{filter: "a/#"}]}
+senders:
+  - {id: f, type: file, file: {path: /tmp/f.jsonl}}
+routes:
+  - {id: rt, receiver: r, senders: [f], lease_ttl: 10s, step_down_grace: 3s, failover_slo: SLO, broker_health_step_down: 20s}
+`
+
+func runCheckOn(t *testing.T, slo string) (map[string]any, string, int) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "bridge.yaml")
+	if err := os.WriteFile(p, []byte(strings.Replace(checkConfig, "SLO", slo, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := commands.Dispatch([]string{"check", "-c", p, "--json"}, &out, &errb)
+	var m map[string]any
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out.String())
+	}
+	return m, errb.String(), code
+}
+
+func TestCheckAdmitted(t *testing.T) {
+	m, _, code := runCheckOn(t, "120s")
+	if code != 0 || m["admitted"] != true {
+		t.Fatalf("code %d: %v", code, m)
+	}
+	s := m["sessions"].([]any)[0].(map[string]any)
+	for _, k := range []string{"session_id", "owner_death_budget_s", "broker_path_budget_s", "lease_ttl_s", "activation_s", "broker_path_failover", "admitted"} {
+		if _, ok := s[k]; !ok {
+			t.Errorf("session report lacks %s", k)
+		}
+	}
+	if s["session_id"] != "plant" || s["owner_death_budget_s"].(float64) != 39.778 {
+		t.Fatalf("report: %v", s)
+	}
+}
+
+func TestCheckRefusedExitsTwo(t *testing.T) {
+	m, stderr, code := runCheckOn(t, "30s")
+	if code != 2 || m["admitted"] != false {
+		t.Fatalf("code %d: %v", code, m)
+	}
+	if !strings.Contains(stderr, "routes[0].failover_slo: 30s: the owner-death budget is 39.778s") {
+		t.Fatalf("stderr: %s", stderr)
+	}
+}
