@@ -115,6 +115,9 @@ func TestLeaderBudgetJSON(t *testing.T) {
 		if err := json.Unmarshal(out.Bytes(), &m); err != nil {
 			t.Fatal(err)
 		}
+		if errs, ok := m["errors"].([]any); !ok || len(errs) != 0 {
+			t.Errorf("T=%s: errors = %v, want an empty list", tc.t, m["errors"])
+		}
 		for k, v := range tc.want {
 			if m[k] != v {
 				t.Errorf("T=%s: %s = %v, want %v", tc.t, k, m[k], v)

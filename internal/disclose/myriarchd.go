@@ -88,7 +88,7 @@ func (f *LeaderFlags) Parse(args []string) (LeaderReport, error) {
 // LeaderBudget computes the report for T, server.shutdownTimeout and the
 // pre-stop sleep.
 func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
-	var r LeaderReport
+	r := LeaderReport{Errors: []string{}}
 	k, err := failover.DeriveLeaderKeepalive(t)
 	if err != nil {
 		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
