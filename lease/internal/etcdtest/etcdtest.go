@@ -1,0 +1,101 @@
+// Package etcdtest runs an embedded single-member etcd on loopback free
+// ports for tests, and can stop and restart it on the same ports and data.
+package etcdtest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Server is an embedded etcd.
+type Server struct {
+	cfg *embed.Config
+	// Endpoint is the client URL.
+	Endpoint string
+
+	mu sync.Mutex
+	e  *embed.Etcd
+}
+
+func freeURL(t testing.TB) url.URL {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return url.URL{Scheme: "http", Host: l.Addr().String()}
+}
+
+// Start starts an etcd for t and stops it at the end of the test.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	cfg := embed.NewConfig()
+	cfg.Name = "lease-test"
+	cfg.Dir = t.TempDir()
+	client, peer := freeURL(t), freeURL(t)
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	s := &Server{cfg: cfg, Endpoint: client.String()}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Restart starts the server again after Stop (same ports, same data).
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e != nil {
+		return nil
+	}
+	var err error
+	for range 50 { // the ports may linger briefly after a stop
+		var e *embed.Etcd
+		e, err = embed.StartEtcd(s.cfg)
+		if err == nil {
+			select {
+			case <-e.Server.ReadyNotify():
+				s.e = e
+				return nil
+			case <-time.After(30 * time.Second):
+				e.Close()
+				return fmt.Errorf("etcdtest: not ready after 30s")
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("etcdtest: start: %w", err)
+}
+
+// Stop stops the server, keeping its data.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e != nil {
+		s.e.Close()
+		s.e = nil
+	}
+}
+
+// Client returns a client of the server, closed at the end of the test.
+func (s *Server) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
