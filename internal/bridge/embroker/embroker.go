@@ -1,0 +1,66 @@
+// Package embroker runs an embedded mochi-mqtt broker on loopback for the
+// lab command and the tests. mochi's TCP listener does not report the port
+// it bound for ":0", so Start picks a free port first.
+package embroker
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+)
+
+// Broker is a running embedded broker.
+type Broker struct {
+	Server *mochi.Server
+	Addr   string // host:port
+	URL    string // tcp://host:port
+}
+
+// FreePort returns a loopback address with a port that was free a moment ago.
+func FreePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// Start starts a broker that allows every client, with generous in-flight
+// limits so that it is not the bottleneck of a measurement. addr "" picks
+// a free port.
+func Start(addr string, logger *slog.Logger) (*Broker, error) {
+	if addr == "" {
+		var err error
+		if addr, err = FreePort(); err != nil {
+			return nil, err
+		}
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	caps := mochi.NewDefaultServerCapabilities()
+	caps.ReceiveMaximum = 65535
+	caps.MaximumInflight = 65535
+	caps.MaximumClientWritesPending = 65536
+	s := mochi.New(&mochi.Options{Capabilities: caps, Logger: logger, InlineClient: true})
+	if err := s.AddHook(new(auth.AllowHook), nil); err != nil {
+		return nil, err
+	}
+	if err := s.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})); err != nil {
+		return nil, err
+	}
+	if err := s.Serve(); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("embedded broker on %s: %w", addr, err)
+	}
+	return &Broker{Server: s, Addr: addr, URL: "tcp://" + addr}, nil
+}
+
+// Close stops the broker.
+func (b *Broker) Close() error { return b.Server.Close() }

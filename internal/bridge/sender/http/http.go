@@ -1,0 +1,76 @@
+// Package http is the bridge's HTTP sender: it POSTs each message's payload
+// and counts it accepted on a 2xx answer. The MQTT topic travels in the
+// X-Myriarch-Topic header.
+package http
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+)
+
+// Config configures the sender.
+type Config struct {
+	URL     string
+	Headers map[string]string
+	Timeout time.Duration
+	Client  *http.Client // nil: a client with Timeout
+}
+
+// Sender POSTs messages, one at a time and in order.
+type Sender struct {
+	*sender.Batch
+	cfg    Config
+	client *http.Client
+}
+
+// New creates the sender.
+func New(cfg Config) *Sender {
+	s := &Sender{cfg: cfg, client: cfg.Client}
+	if s.client == nil {
+		s.client = &http.Client{Timeout: cfg.Timeout}
+	}
+	s.Batch = sender.NewBatch(64, func(ctx context.Context, ms []*sender.Message) []error {
+		errs := make([]error, len(ms))
+		for i, m := range ms {
+			errs[i] = s.post(ctx, m)
+		}
+		return errs
+	})
+	return s
+}
+
+func (s *Sender) post(ctx context.Context, m *sender.Message) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(m.Payload))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	for k, v := range s.cfg.Headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("X-Myriarch-Topic", m.Topic)
+	req.Header.Set("X-Myriarch-Route", m.Route)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("POST %s: %s", s.cfg.URL, resp.Status)
+	}
+	return nil
+}
+
+// Close stops the sender and its idle connections.
+func (s *Sender) Close(ctx context.Context) error {
+	err := s.Batch.Close(ctx)
+	s.client.CloseIdleConnections()
+	return err
+}

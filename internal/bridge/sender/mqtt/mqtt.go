@@ -1,0 +1,359 @@
+// Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0)
+// to another broker over paho.golang's packet codec with a pipeline: one
+// goroutine writes PUBLISH packets in the order they were sent, as many as
+// the broker's receive maximum allows in flight, and another matches the
+// PUBACKs. A message counts accepted when its PUBACK arrives with a success
+// reason code. Publishing each message on its own goroutine (or waiting
+// for each PUBACK before the next PUBLISH) would reorder or serialize the
+// stream; this keeps per-topic order at full pipeline depth.
+//
+// When the connection is lost, every unacknowledged message fails (the
+// route retries it), and the sender reconnects with backoff.
+package mqtt
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/packets"
+
+	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+)
+
+// Config configures the sender.
+type Config struct {
+	Broker         string
+	ClientID       string
+	Username       string
+	Password       []byte
+	TLS            *tls.Config
+	QoS            byte
+	KeepAlive      time.Duration
+	ConnectTimeout time.Duration
+	// Timeout fails a message whose PUBACK has not arrived in time; the
+	// connection is then considered broken and recycled.
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+type item struct {
+	m    *sender.Message
+	done func(error)
+	sent time.Time
+	seq  uint64
+}
+
+// Sender publishes to one broker.
+type Sender struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	queue   []item
+	pending map[uint16]item
+	closed  bool
+	kick    chan struct{}
+	acked   chan struct{} // a PUBACK freed a slot
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// ErrConnectionLost fails the messages in flight when the connection drops.
+var ErrConnectionLost = errors.New("mqtt sender: connection lost before PUBACK")
+
+// New starts the sender; it connects in the background and Close stops it.
+func New(cfg Config) *Sender {
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 30 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sender{cfg: cfg, log: cfg.Logger.With("sender", "mqtt", "broker", cfg.Broker), pending: map[uint16]item{},
+		kick: make(chan struct{}, 1), acked: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	go s.run()
+	return s
+}
+
+// Send queues m for publishing.
+func (s *Sender) Send(m *sender.Message, done func(error)) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		done(sender.ErrClosed)
+		return
+	}
+	s.queue = append(s.queue, item{m: m, done: done})
+	s.mu.Unlock()
+	signal(s.kick)
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Sender) run() {
+	defer close(s.done)
+	backoff := 100 * time.Millisecond
+	for s.ctx.Err() == nil {
+		err := s.session()
+		s.failPending(ErrConnectionLost)
+		if s.ctx.Err() != nil {
+			break
+		}
+		s.log.Warn("mqtt sender disconnected; reconnecting", "err", err, "backoff", backoff)
+		select {
+		case <-s.ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	s.mu.Lock()
+	q := s.queue
+	s.queue, s.closed = nil, true
+	s.mu.Unlock()
+	for _, it := range q {
+		it.done(sender.ErrClosed)
+	}
+}
+
+func (s *Sender) failPending(err error) {
+	s.mu.Lock()
+	p := s.pending
+	s.pending = map[uint16]item{}
+	s.mu.Unlock()
+	// Fail in send order so that retries keep it as far as they can.
+	ids := make([]item, 0, len(p))
+	for _, it := range p {
+		ids = append(ids, it)
+	}
+	for _, it := range sortBySeq(ids) {
+		it.done(err)
+	}
+}
+
+// session runs one connection until it fails or the sender closes.
+func (s *Sender) session() error {
+	cctx, cancel := context.WithTimeout(s.ctx, s.cfg.ConnectTimeout)
+	conn, recvMax, err := s.connect(cctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	s.log.Info("mqtt sender connected", "receive_maximum", recvMax)
+
+	readErr := make(chan error, 1)
+	var rwg sync.WaitGroup
+	rwg.Add(1)
+	lastRead := newStamp()
+	go func() {
+		defer rwg.Done()
+		readErr <- s.read(conn, lastRead)
+	}()
+	defer rwg.Wait()
+	defer conn.Close() // wakes the reader
+
+	var nextID uint16
+	var seq uint64
+	keepAlive := s.cfg.KeepAlive
+	tick := time.NewTicker(max(100*time.Millisecond, min(time.Second, s.cfg.Timeout/4)))
+	defer tick.Stop()
+	lastWrite := time.Now()
+	pingSent := time.Time{}
+	for {
+		select {
+		case <-s.ctx.Done():
+			_, _ = packets.NewControlPacket(packets.DISCONNECT).WriteTo(conn)
+			return s.ctx.Err()
+		case err := <-readErr:
+			return err
+		case <-tick.C:
+			now := time.Now()
+			if keepAlive > 0 && now.Sub(lastWrite) >= keepAlive/2 && pingSent.IsZero() {
+				if _, err := packets.NewControlPacket(packets.PINGREQ).WriteTo(conn); err != nil {
+					return err
+				}
+				pingSent, lastWrite = now, now
+			}
+			if !pingSent.IsZero() && lastRead.get().After(pingSent) {
+				pingSent = time.Time{}
+			}
+			if !pingSent.IsZero() && now.Sub(pingSent) > max(keepAlive, time.Second) {
+				return errors.New("no PINGRESP within keep_alive")
+			}
+			if oldest := s.oldestPending(); !oldest.IsZero() && now.Sub(oldest) > s.cfg.Timeout {
+				return fmt.Errorf("no PUBACK within %v", s.cfg.Timeout)
+			}
+			continue
+		case <-s.kick:
+		case <-s.acked:
+		}
+		// Write what is queued, as far as the window allows.
+		for {
+			s.mu.Lock()
+			room := int(recvMax) - len(s.pending)
+			if room <= 0 || len(s.queue) == 0 {
+				s.mu.Unlock()
+				break
+			}
+			n := min(room, len(s.queue))
+			batch := append([]item(nil), s.queue[:n]...)
+			s.queue = s.queue[n:]
+			if len(s.queue) == 0 {
+				s.queue = nil
+			}
+			now := time.Now()
+			ids := make([]uint16, n)
+			for i := range batch {
+				if s.cfg.QoS == 0 {
+					continue
+				}
+				for {
+					nextID++
+					if nextID == 0 {
+						nextID = 1
+					}
+					if _, used := s.pending[nextID]; !used {
+						break
+					}
+				}
+				ids[i] = nextID
+				seq++
+				batch[i].sent, batch[i].seq = now, seq
+				s.pending[nextID] = batch[i]
+			}
+			s.mu.Unlock()
+			for i, it := range batch {
+				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain}
+				if _, err := p.WriteTo(conn); err != nil {
+					// Unwritten QoS 0 messages and the rest of the batch fail
+					// now; written QoS 1 ones fail with the connection.
+					for _, rest := range batch[i:] {
+						if s.cfg.QoS == 0 {
+							rest.done(err)
+						}
+					}
+					return err
+				}
+				if s.cfg.QoS == 0 {
+					it.done(nil)
+				}
+			}
+			lastWrite = now
+		}
+	}
+}
+
+func (s *Sender) oldestPending() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var oldest time.Time
+	for _, it := range s.pending {
+		if oldest.IsZero() || it.sent.Before(oldest) {
+			oldest = it.sent
+		}
+	}
+	return oldest
+}
+
+func (s *Sender) connect(ctx context.Context) (*mqttconn.Conn, uint16, error) {
+	conn, err := mqttconn.Dial(ctx, s.cfg.Broker, s.cfg.TLS)
+	if err != nil {
+		return nil, 0, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetReadDeadline(dl)
+	}
+	cp := &packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, ClientID: s.cfg.ClientID, CleanStart: true,
+		KeepAlive: uint16(s.cfg.KeepAlive / time.Second), Properties: &packets.Properties{}}
+	if s.cfg.Username != "" {
+		cp.UsernameFlag, cp.Username = true, s.cfg.Username
+	}
+	if len(s.cfg.Password) > 0 {
+		cp.PasswordFlag, cp.Password = true, s.cfg.Password
+	}
+	pkt := packets.NewControlPacket(packets.CONNECT)
+	pkt.Content = cp
+	if _, err := pkt.WriteTo(conn); err != nil {
+		conn.Close()
+		return nil, 0, err
+	}
+	recv, err := packets.ReadPacket(conn)
+	if err != nil {
+		conn.Close()
+		return nil, 0, fmt.Errorf("waiting for CONNACK: %w", err)
+	}
+	ca, ok := recv.Content.(*packets.Connack)
+	if !ok {
+		conn.Close()
+		return nil, 0, fmt.Errorf("expected CONNACK, got %s", recv.PacketType())
+	}
+	if ca.ReasonCode >= 0x80 {
+		conn.Close()
+		return nil, 0, fmt.Errorf("broker refused the connection: %s", ca.Reason())
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	recvMax := uint16(65535)
+	if ca.Properties != nil && ca.Properties.ReceiveMaximum != nil {
+		recvMax = *ca.Properties.ReceiveMaximum
+	}
+	return conn, recvMax, nil
+}
+
+func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
+	for {
+		p, err := packets.ReadPacket(conn)
+		if err != nil {
+			return err
+		}
+		last.set(time.Now())
+		switch c := p.Content.(type) {
+		case *packets.Puback:
+			s.mu.Lock()
+			it, ok := s.pending[c.PacketID]
+			delete(s.pending, c.PacketID)
+			s.mu.Unlock()
+			signal(s.acked)
+			if !ok {
+				continue
+			}
+			if c.ReasonCode >= 0x80 {
+				it.done(fmt.Errorf("broker refused the message: %s", c.Reason()))
+			} else {
+				it.done(nil)
+			}
+		case *packets.Disconnect:
+			return fmt.Errorf("broker sent DISCONNECT: %s", c.Reason())
+		}
+	}
+}
+
+// Close stops the sender within ctx: unacknowledged messages fail.
+func (s *Sender) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,182 @@
+// Package sender defines what the bridge delivers and the contract of the
+// destinations it delivers to. The destinations live in the packages
+// below this one, one per kind.
+package sender
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Message is one MQTT message on its way through a route.
+type Message struct {
+	// Topic is the topic the message is delivered under (after rewrite).
+	Topic string
+	// SourceTopic is the topic it arrived on.
+	SourceTopic string
+	Payload     []byte
+	QoS         byte
+	Retain      bool
+	// Received is when the bridge read it from the broker.
+	Received time.Time
+	// Route names the route delivering it.
+	Route string
+}
+
+// Sender delivers messages to one destination.
+//
+// Send hands m to the destination and calls done exactly once: with nil
+// when the destination has accepted m (written, acknowledged or flushed,
+// as each kind documents), or with the reason it did not. done may run
+// before Send returns or later on another goroutine. Messages sent from one
+// goroutine are delivered in the order sent, so that per-topic order
+// survives the bridge. Send must not block for long: a sender that cannot
+// keep up queues, and the route's in-flight bound is the backpressure.
+type Sender interface {
+	Send(m *Message, done func(error))
+	// Close stops the sender, failing what it has not delivered, and
+	// waits for its goroutines within ctx.
+	Close(ctx context.Context) error
+}
+
+// ErrClosed fails messages sent to, or pending in, a closed sender.
+var ErrClosed = errors.New("sender closed")
+
+type item struct {
+	m    *Message
+	done func(error)
+}
+
+// Batch is a Sender for destinations that deliver synchronously. One
+// goroutine takes what has queued, up to MaxBatch messages, hands them to
+// the deliver function in order and reports each result: a file is written
+// once per batch, a NATS connection flushed once per batch.
+type Batch struct {
+	deliver  func(ctx context.Context, ms []*Message) []error
+	maxBatch int
+
+	mu     sync.Mutex
+	queue  []item
+	closed bool
+	kick   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewBatch starts the delivering goroutine; Close stops it. deliver
+// returns one error per message (nil: accepted), or a shorter slice whose
+// single element fails the whole batch.
+func NewBatch(maxBatch int, deliver func(ctx context.Context, ms []*Message) []error) *Batch {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Batch{deliver: deliver, maxBatch: max(1, maxBatch), kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	go b.run()
+	return b
+}
+
+// Send queues m.
+func (b *Batch) Send(m *Message, done func(error)) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		done(ErrClosed)
+		return
+	}
+	b.queue = append(b.queue, item{m, done})
+	b.mu.Unlock()
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (b *Batch) run() {
+	defer close(b.done)
+	ms := make([]*Message, 0, b.maxBatch)
+	for {
+		select {
+		case <-b.ctx.Done():
+			b.failQueued()
+			return
+		case <-b.kick:
+		}
+		for {
+			b.mu.Lock()
+			n := min(len(b.queue), b.maxBatch)
+			batch := append([]item(nil), b.queue[:n]...)
+			b.queue = b.queue[n:]
+			if len(b.queue) == 0 {
+				b.queue = nil
+			}
+			b.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			ms = ms[:0]
+			for _, it := range batch {
+				ms = append(ms, it.m)
+			}
+			errs := b.deliver(b.ctx, ms)
+			for i, it := range batch {
+				var err error
+				switch {
+				case len(errs) == len(batch):
+					err = errs[i]
+				case len(errs) > 0:
+					err = errs[0]
+				}
+				it.done(err)
+			}
+			if b.ctx.Err() != nil {
+				b.failQueued()
+				return
+			}
+		}
+	}
+}
+
+func (b *Batch) failQueued() {
+	b.mu.Lock()
+	q := b.queue
+	b.queue = nil
+	b.closed = true
+	b.mu.Unlock()
+	for _, it := range q {
+		it.done(ErrClosed)
+	}
+}
+
+// Close stops accepting, lets the current batch finish within ctx, and
+// fails what is still queued.
+func (b *Batch) Close(ctx context.Context) error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+	// Let the queue drain while ctx allows, then cancel.
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		b.mu.Lock()
+		empty := len(b.queue) == 0
+		b.mu.Unlock()
+		if empty {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			b.cancel()
+			<-b.done
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	b.cancel()
+	<-b.done
+	return nil
+}
