@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,8 +56,10 @@ type Config struct {
 	// server's TCP defaults.
 	Pool *pgxpool.Pool
 	// SessionConfig is the base configuration of the dedicated lock and
-	// listener sessions; default a copy of Pool's connection config. The
-	// keepalive parameters are added to its RuntimeParams.
+	// listener sessions; default a copy of Pool's connection config, dialed
+	// with client-side TCP keepalives like the server's. The keepalive
+	// parameters are added to its RuntimeParams. A SessionConfig given here
+	// keeps its own DialFunc.
 	SessionConfig *pgx.ConnConfig
 	// LeaderSessionTimeout is T (ha.leaderSessionTimeout), within [10s, 10m];
 	// default 30s.
@@ -142,6 +146,7 @@ func New(cfg Config) (*Elector, error) {
 		cfg.Logger = slog.Default()
 	}
 	base := cfg.SessionConfig
+	ownDialer := base == nil
 	if base == nil {
 		base = cfg.Pool.Config().ConnConfig
 	}
@@ -153,6 +158,14 @@ func New(cfg Config) (*Elector, error) {
 		base:      base.Copy(),
 		termLost:  make(chan int64, 1),
 		electedCh: make(chan struct{}),
+	}
+	if ownDialer {
+		// The client side of the dedicated sessions notices a silent server
+		// too (the listener would otherwise wait for hours): keepalives like
+		// the server's, giving up after about D.
+		d := &net.Dialer{Timeout: k.ConfirmTimeout, KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: k.KeepalivesIdle, Interval: k.KeepalivesInterval, Count: k.KeepalivesCount + 1}}
+		e.base.DialFunc = d.DialContext
 	}
 	if e.m, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -575,7 +588,8 @@ func (e *Elector) endStaleLeader(ctx context.Context) bool {
 		FROM pg_locks l
 		JOIN `+RegistryTable+` r ON r.lock_pid = l.pid
 		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE `+lockKeyWhere, e.cfg.LockKey).Scan(&pid, &id, &age)
+		WHERE `+lockKeyWhere+`
+		ORDER BY 3 LIMIT 1`, e.cfg.LockKey).Scan(&pid, &id, &age)
 	if err != nil {
 		if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
 			e.log.Debug("reading the leader's heartbeat failed", "error", err)
@@ -586,7 +600,13 @@ func (e *Elector) endStaleLeader(ctx context.Context) bool {
 		return false
 	}
 	var ended bool
-	if err := e.pool.QueryRow(qctx, "SELECT pg_terminate_backend($1, $2)", pid, max(int64(1), e.k.AcquisitionMargin.Milliseconds())).Scan(&ended); err != nil {
+	err = e.pool.QueryRow(qctx, "SELECT pg_terminate_backend($1, $2)", pid, max(int64(1), e.k.AcquisitionMargin.Milliseconds())).Scan(&ended)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42883" {
+		// Before PostgreSQL 14 pg_terminate_backend has no timeout.
+		err = e.pool.QueryRow(qctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ended)
+	}
+	if err != nil {
 		e.log.Warn("ending the lock session of a stale leader failed", "leader", id, "pid", pid, "error", err)
 		return false
 	}

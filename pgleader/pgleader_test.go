@@ -5,13 +5,16 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -207,5 +210,293 @@ func TestElectionFencingAndPlannedStop(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(a.e.m.leader); got != 0 {
 		t.Fatalf("myriarch_leader after stop = %v", got)
+	}
+}
+
+// countingHandler counts warnings that mention a string.
+type countingHandler struct {
+	slog.Handler
+	match string
+	n     *atomic.Int64
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn && strings.Contains(r.Message, h.match) {
+		h.n.Add(1)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return countingHandler{h.Handler.WithAttrs(as), h.match, h.n}
+}
+
+func (h countingHandler) WithGroup(g string) slog.Handler {
+	return countingHandler{h.Handler.WithGroup(g), h.match, h.n}
+}
+
+// A server that refuses tcp_user_timeout (a proxy answers the startup
+// packet the way such a server does): the sessions connect without it, the
+// keepalives still apply, one warning.
+func TestUserTimeoutRefusedFallsBack(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	proxy, err := pgtest.NewProxy(net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), "tcp_user_timeout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	scfg, err := pgx.ParseConfig("postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warnings atomic.Int64
+	logger := slog.New(countingHandler{testLogger(t).Handler(), "tcp_user_timeout", &warnings})
+	r := startReplica(t, pool, "a", func(c *Config) { c.SessionConfig = scfg; c.Logger = logger })
+	waitFor(t, "leader through the refusing server", 20*time.Second, r.e.IsLeader)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range 2 {
+		conn, err := r.e.ConnectSession(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ut, idle string
+		if err := conn.QueryRow(ctx, "SHOW tcp_user_timeout").Scan(&ut); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, "SHOW tcp_keepalives_idle").Scan(&idle); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close(ctx)
+		if ut != "0" {
+			t.Errorf("tcp_user_timeout = %q, want 0", ut)
+		}
+		if want := strconv.Itoa(int(r.e.Keepalive().KeepalivesIdle / time.Second)); idle != want && idle != want+"s" {
+			t.Errorf("tcp_keepalives_idle = %q, want %s", idle, want)
+		}
+	}
+	if !r.e.UserTimeoutRefused() || proxy.Refused() != 1 {
+		t.Errorf("refused %v, proxy refusals %d", r.e.UserTimeoutRefused(), proxy.Refused())
+	}
+	if n := warnings.Load(); n != 1 {
+		t.Errorf("%d warnings, want 1", n)
+	}
+}
+
+// The leader's lock session ends (here: terminated by an operator): the
+// leader resigns at once, campaigns again and wins a new term.
+func TestLeaderResignsWhenLockSessionEnds(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	var demoted atomic.Value
+	r := startReplica(t, pool, "a", func(c *Config) {
+		c.OnDemoted = func(term int64, reason string) { demoted.Store(reason) }
+	})
+	waitFor(t, "leader", 20*time.Second, r.e.IsLeader)
+	lctx, term, ok := r.e.LeaderContext()
+	if !ok {
+		t.Fatal("LeaderContext: not leader")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend(lock_pid) FROM "+RegistryTable+" WHERE id = 'a'"); err != nil {
+		t.Fatal(err)
+	}
+	k := r.e.Keepalive()
+	waitFor(t, "leader context cancelled", k.ConfirmInterval+2*time.Second, func() bool { return lctx.Err() != nil })
+	if got, _ := demoted.Load().(string); got != ReasonSessionLost {
+		t.Errorf("OnDemoted reason %q", got)
+	}
+	waitFor(t, "leads again", k.FollowerRetryMax+5*time.Second, func() bool { return r.e.Term() > term })
+	if got := testutil.ToFloat64(r.e.m.resignations.WithLabelValues(ReasonSessionLost)); got != 1 {
+		t.Errorf("resignations{session_lost} = %v", got)
+	}
+	if got := testutil.ToFloat64(r.e.m.elections); got != 2 {
+		t.Errorf("elections = %v", got)
+	}
+}
+
+// A fenced transaction of the old term that does not finish (its process
+// froze after CheckTerm) blocks the new term's increment; the new leader
+// ends it, and it can never commit.
+func TestNewTermEndsBlockingFencedTransaction(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	a := startReplica(t, pool, "a", nil)
+	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	termA := a.e.Term()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, "CREATE TABLE jobs (term bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	// The "frozen" job: its own connection, fenced, then idle in the
+	// transaction.
+	conn, err := pgx.Connect(ctx, c.DSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckTerm(ctx, tx, DefaultLockKey, termA); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO jobs VALUES ($1)", termA); err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	b := startReplica(t, pool, "b", nil)
+	waitFor(t, "b leads", 10*time.Second, b.e.IsLeader)
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the old term's transaction committed after the new term began")
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("jobs rows %d, %v", n, err)
+	}
+}
+
+func TestInTermRollsBackOnError(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	a := startReplica(t, pool, "a", nil)
+	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, "CREATE TABLE jobs (term bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	err := a.e.InTerm(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO jobs VALUES (1)"); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v", err)
+	}
+	// Fence in a caller's own transaction.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := a.e.Fence(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO jobs VALUES (2)")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("jobs rows %d, %v", n, err)
+	}
+}
+
+func TestRegistryStaleRowsAndPrune(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	a := startReplica(t, pool, "a", func(c *Config) { c.Host = "node-1"; c.Version = "v9" })
+	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+RegistryTable+` (id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
+		VALUES ('gone', 'node-2', 'v8', now() - interval '1 hour', now() - interval '10 minutes', true, 12345)`); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := a.e.Replicas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 || rs[0].ID != "gone" || !rs[0].Stale || rs[0].HoldsLock || rs[0].Age < 9*time.Minute {
+		t.Fatalf("stale row: %+v", rs)
+	}
+	if r := rs[1]; r.ID != "a" || r.Stale || !r.HoldsLock || r.Host != "node-1" || r.Version != "v9" || r.StartedAt.IsZero() {
+		t.Fatalf("live row: %+v", r)
+	}
+	n, err := PruneReplicas(ctx, pool, time.Hour/2/3)
+	if err != nil || n != 1 {
+		t.Fatalf("prune: %d %v", n, err)
+	}
+}
+
+func TestListen(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	e, err := New(Config{Pool: pool, LeaderSessionTimeout: testT, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan string, 10)
+	reconnected := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Listen(ctx, []string{"fleet_events"}, func(n *pgconn.Notification) { got <- n.Payload },
+			func() { reconnected <- struct{}{} })
+	}()
+	listenerPID := func() (pid int32) {
+		_ = pool.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%'").Scan(&pid)
+		return pid
+	}
+	waitFor(t, "listening", 10*time.Second, func() bool { return listenerPID() != 0 })
+	notify := func(p string) {
+		if _, err := pool.Exec(ctx, "SELECT pg_notify('fleet_events', $1)", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	notify("one")
+	if p := <-got; p != "one" {
+		t.Fatalf("payload %q", p)
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", listenerPID()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-reconnected:
+	case <-time.After(e.Keepalive().FollowerRetryMax + 10*time.Second):
+		t.Fatal("no reconnect")
+	}
+	notify("two")
+	if p := <-got; p != "two" {
+		t.Fatalf("payload %q", p)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := New(Config{}); err == nil {
+		t.Error("no pool accepted")
+	}
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	_, err := New(Config{Pool: pool, LeaderSessionTimeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "ha.leaderSessionTimeout") {
+		t.Errorf("T=5s: %v", err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := New(Config{Pool: pool, Registerer: reg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Pool: pool, Registerer: reg}); err == nil {
+		t.Error("metrics registered twice without error")
+	}
+	e, _ := New(Config{Pool: pool})
+	if e.IsLeader() || e.Term() != 0 {
+		t.Error("leader before Run")
+	}
+	if _, _, ok := e.LeaderContext(); ok {
+		t.Error("LeaderContext ok before Run")
+	}
+	if err := e.InTerm(context.Background(), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, ErrStaleTerm) {
+		t.Errorf("InTerm before Run: %v", err)
 	}
 }
