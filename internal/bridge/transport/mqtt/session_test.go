@@ -1,0 +1,148 @@
+package mqtt_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/mochi-mqtt/server/v2.(*Server).eventLoop"))
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestMatch(t *testing.T) {
+	for _, c := range []struct {
+		filter, topic string
+		want          bool
+	}{
+		{"a/b", "a/b", true}, {"a/+", "a/b", true}, {"a/+", "a/b/c", false}, {"a/#", "a/b/c", true},
+		{"a/#", "a", true}, {"#", "a/b", true}, {"#", "$SYS/x", false}, {"+/b", "$SYS/b", false},
+		{"$share/g/a/+", "a/x", true}, {"a/b", "a/c", false}, {"a/+/c", "a//c", true}, {"a", "a/b", false},
+	} {
+		if got := mqtt.Match(c.filter, c.topic); got != c.want {
+			t.Errorf("Match(%q, %q) = %v", c.filter, c.topic, got)
+		}
+	}
+}
+
+func TestActivationBound(t *testing.T) {
+	act, err := mqtt.Config{ConnectTimeout: 30 * time.Second, ReconcileTimeout: 30 * time.Second, UnmatchedGrace: 30 * time.Second}.Activation()
+	if err != nil || act.Bound != 240*time.Second {
+		t.Fatalf("bound %v, %v", act.Bound, err)
+	}
+}
+
+// A broker that accepts TCP and never answers CONNECT: every attempt must
+// end by connect_timeout, so the session keeps trying instead of hanging.
+func TestConnectTimeoutEndsEachAttempt(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	s, err := mqtt.New(mqtt.Config{Brokers: []string{"tcp://" + l.Addr().String()}, ClientID: "x",
+		ConnectTimeout: 100 * time.Millisecond, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second,
+		Handler: func(*mqtt.Message, func()) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = s.Run(ctx) }()
+	waitFor(t, "three bounded attempts", func() bool { return accepted.Load() >= 3 })
+	if s.Level() != mqtt.LevelNone {
+		t.Fatalf("level %v without a CONNACK", s.Level())
+	}
+	cancel()
+	<-ran
+	_ = l.Close()
+	<-done
+	mu.Lock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	mu.Unlock()
+}
+
+// Levels go degraded → full on activation, none when the broker goes away,
+// and full again when it is back.
+func TestServiceLevelFollowsBrokerPath(t *testing.T) {
+	b, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var levels []mqtt.Level
+	s, err := mqtt.New(mqtt.Config{Brokers: []string{b.URL}, ClientID: "lv", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
+		ConnectTimeout: time.Second, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second,
+		Subscriptions: []mqtt.Subscription{{Filter: "a/#", QoS: 1}},
+		Handler:       func(_ *mqtt.Message, ack func()) { ack() },
+		OnLevel: func(l mqtt.Level) {
+			mu.Lock()
+			levels = append(levels, l)
+			mu.Unlock()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = s.Run(ctx) }()
+	waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+	_ = b.Close()
+	waitFor(t, "none", func() bool { return s.Level() == mqtt.LevelNone })
+	b2, err := embroker.Start(b.Addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	waitFor(t, "full again", func() bool { return s.Level() == mqtt.LevelFull })
+	cancel()
+	<-ran
+	mu.Lock()
+	defer mu.Unlock()
+	want := []mqtt.Level{mqtt.LevelDegraded, mqtt.LevelFull, mqtt.LevelNone, mqtt.LevelDegraded, mqtt.LevelFull, mqtt.LevelNone}
+	if len(levels) != len(want) {
+		t.Fatalf("levels %v, want %v", levels, want)
+	}
+	for i := range want {
+		if levels[i] != want[i] {
+			t.Fatalf("levels %v, want %v", levels, want)
+		}
+	}
+}
