@@ -241,7 +241,7 @@ func Randomized(t *testing.T, open Opener, outage *Outage, runs int, dur time.Du
 			case k < 7:
 				pauses++
 				members[i].Pause()
-				time.Sleep(time.Duration(rng.IntN(int(3 * c.LeaseTTL / time.Millisecond))) * time.Millisecond)
+				time.Sleep(time.Duration(rng.IntN(int(3*c.LeaseTTL/time.Millisecond))) * time.Millisecond)
 				members[i].Resume()
 			default:
 				if outage == nil {
