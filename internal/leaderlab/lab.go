@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -176,7 +177,20 @@ func (l *Lab) Run(ctx context.Context, scenario string) (Result, error) {
 	default:
 		return r, fmt.Errorf("leaderlab: unknown scenario %q (known: %s)", scenario, strings.Join(Scenarios, ", "))
 	}
+	r.round()
 	return r, err
+}
+
+// round keeps milliseconds, the resolution of the measurements.
+func (r *Result) round() {
+	ms := func(v float64) float64 { return math.Round(v*1000) / 1000 }
+	r.MeasuredFailoverS = ms(r.MeasuredFailoverS)
+	r.BoundS = ms(r.BoundS)
+	for _, p := range []*float64{r.OldLeaderStoppedS, r.ServerDropS, r.EarliestDropS, r.LatestDropS} {
+		if p != nil {
+			*p = ms(*p)
+		}
+	}
 }
 
 func (l *Lab) spec(id, poolDSN, sessionDSN string, key int64) ReplicaSpec {

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/cli"
+	"github.com/myriarch/myriarch/internal/leaderlab"
+)
+
+func init() {
+	// A replica subprocess of the lab runs here and exits.
+	leaderlab.MaybeRunReplica()
+	commands.Register(cli.Command{
+		Name:    "failover-lab",
+		Summary: "measure leader failover against a throwaway PostgreSQL (needs root for network-drop)",
+		Run:     runFailoverLab,
+	})
+}
+
+func runFailoverLab(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("failover-lab", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print one JSON line per scenario")
+	t := fs.Duration("leader-session-timeout", failover.DefaultLeaderSessionTimeout, "ha.leaderSessionTimeout (T) of the replicas, within [10s, 10m]")
+	only := fs.String("scenarios", strings.Join(leaderlab.Scenarios, ","), "comma-separated scenarios to run")
+	verbose := fs.Bool("v", false, "print progress and the replicas' logs on stderr")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return cli.ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "failover-lab: unexpected arguments %q\n", fs.Args())
+		return cli.ExitUsage
+	}
+	var scenarios []string
+	for _, s := range strings.Split(*only, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !slices.Contains(leaderlab.Scenarios, s) {
+			fmt.Fprintf(stderr, "failover-lab: --scenarios: unknown scenario %q (known: %s)\n", s, strings.Join(leaderlab.Scenarios, ", "))
+			return cli.ExitUsage
+		}
+		scenarios = append(scenarios, s)
+	}
+	if _, err := failover.DeriveLeaderKeepalive(*t); err != nil {
+		fmt.Fprintf(stderr, "failover-lab: --leader-session-timeout: %v\n", err)
+		return cli.ExitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	opts := leaderlab.Options{T: *t}
+	if *verbose {
+		opts.Log = func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
+		opts.ReplicaLog = stderr
+	}
+	lab, err := leaderlab.New(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "failover-lab: %v\n", err)
+		return cli.ExitUsage
+	}
+	defer lab.Close()
+	status := 0
+	for _, s := range scenarios {
+		r, err := lab.Run(ctx, s)
+		if err != nil {
+			fmt.Fprintf(stderr, "failover-lab: %s: %v\n", s, err)
+			status = 1
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if !r.WithinBound() && r.Skipped == "" || r.OverlapDetected {
+			status = 1
+		}
+		if *asJSON {
+			b, _ := json.Marshal(r)
+			fmt.Fprintf(stdout, "%s\n", b)
+			continue
+		}
+		if r.Skipped != "" {
+			fmt.Fprintf(stdout, "%-20s skipped: %s\n", r.Scenario, r.Skipped)
+			continue
+		}
+		fmt.Fprintf(stdout, "%-20s T=%gs failover %6.3fs  bound %6.3fs  overlap %v\n",
+			r.Scenario, r.LeaderSessionTimeoutS, r.MeasuredFailoverS, r.BoundS, r.OverlapDetected)
+	}
+	return status
+}
