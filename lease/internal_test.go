@@ -1,0 +1,45 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/failover"
+)
+
+func TestJitterBounds(t *testing.T) {
+	c, _, err := failover.ResolveCadence(failover.LeaseConfig{DeploymentMode: failover.Clustered})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{Store: nopStore{}, Session: "s", InstanceID: "i", Cadence: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10000 {
+		p := m.pollDelay()
+		if p < c.MinJitteredPoll() || p > c.MaxJitteredPoll() {
+			t.Fatalf("poll delay %v outside [%v, %v]", p, c.MinJitteredPoll(), c.MaxJitteredPoll())
+		}
+		far := time.Now().Add(time.Hour)
+		r := m.renewDelay(far)
+		if r < c.RenewInterval-c.LeaseRenewJitter/2 || r >= c.RenewInterval+c.LeaseRenewJitter/2 {
+			t.Fatalf("renew delay %v outside interval ± J/2", r)
+		}
+		near := time.Now().Add(2 * time.Second)
+		if r := m.renewDelay(near); r > 2*time.Second {
+			t.Fatalf("renew delay %v past the local deadline", r)
+		}
+	}
+}
+
+func TestLocalDeadlineMargin(t *testing.T) {
+	now := time.Now()
+	if got := LocalDeadline(now, 100*time.Second).Sub(now); got != 95*time.Second {
+		t.Fatalf("LocalDeadline = +%v, want +95s", got)
+	}
+	// The margin covers the documented clock-rate error on both sides.
+	if (1-DeadlineMargin)/(1-MaxClockRateError) >= 1/(1+MaxClockRateError) {
+		t.Fatal("DeadlineMargin does not cover MaxClockRateError")
+	}
+}

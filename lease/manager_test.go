@@ -1,0 +1,330 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/internal/leasesim"
+	"github.com/myriarch/myriarch/lease/sqlitestore"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func openStore(t testing.TB, path string) lease.Store {
+	t.Helper()
+	s, err := sqlitestore.Open(context.Background(), path, sqlitestore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+type run struct {
+	m      *lease.Manager
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t testing.TB, cfg lease.Config) *run {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	m, err := lease.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &run{m: m, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return r
+}
+
+func (r *run) wait(t testing.TB, limit time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return err
+	case <-time.After(limit):
+		t.Fatalf("Run did not return within %v", limit)
+		return nil
+	}
+}
+
+func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func waitEvent(t testing.TB, r *run, kind lease.EventKind, limit time.Duration) lease.Event {
+	t.Helper()
+	tm := time.After(limit)
+	for {
+		select {
+		case e := <-r.m.Events():
+			if e.Kind == kind {
+				return e
+			}
+		case <-tm:
+			t.Fatalf("no %v event within %v", kind, limit)
+		}
+	}
+}
+
+func owns(r *run) bool { o := r.m.Ownership(); return o != nil && o.Valid() }
+
+func TestAcquireRenewShutdownRelease(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	reg := prometheus.NewRegistry()
+	c := leasesim.FastCadence()
+	var closed atomic.Int32
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Endpoint: "a:1", Cadence: c,
+		Registerer: reg, CloseSource: func(context.Context) error { closed.Add(1); return nil },
+		OnOwner: func(own *lease.Ownership) { <-own.Stopping() }})
+	if !strings.HasPrefix(a.m.OwnerID(), "a#") || a.m.OwnerID() != lease.OwnerID("a") {
+		t.Fatalf("owner id %q, want a#<boot nonce>", a.m.OwnerID())
+	}
+	acq := waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	waitEvent(t, a, lease.EventRenewed, 10*time.Second)
+	if got := testutil.ToFloat64(mustGauge(t, reg, lease.MetricIsOwner)); got != 1 {
+		t.Fatalf("is_owner = %v", got)
+	}
+	if got := testutil.ToFloat64(mustGauge(t, reg, lease.MetricFencingVersion)); got != float64(acq.Token.Version) {
+		t.Fatalf("fencing_version = %v, want %d", got, acq.Token.Version)
+	}
+	// A standby with its own store handle waits.
+	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c, Registerer: reg})
+	time.Sleep(3 * c.AcquirePollInterval)
+	if owns(b) {
+		t.Fatal("standby owns while the owner renews")
+	}
+	a.cancel()
+	if err := a.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("Run after shutdown: %v", err)
+	}
+	sd := waitEvent(t, a, lease.EventSteppedDown, time.Second)
+	if sd.Reason != lease.ReasonShutdown {
+		t.Fatalf("step-down reason %q", sd.Reason)
+	}
+	if rel := waitEvent(t, a, lease.EventReleased, time.Second); rel.Err != nil {
+		t.Fatalf("release: %v", rel.Err)
+	}
+	if closed.Load() != 1 {
+		t.Fatalf("CloseSource called %d times", closed.Load())
+	}
+	// Released: the standby takes it at its next poll, with a higher version.
+	bacq := waitEvent(t, b, lease.EventAcquired, 2*c.MaxJitteredPoll()+2*time.Second)
+	if bacq.Token.Version <= acq.Token.Version {
+		t.Fatalf("version %d after %d", bacq.Token.Version, acq.Token.Version)
+	}
+	if n := testutil.CollectAndCount(reg, lease.MetricStepDowns); n == 0 {
+		t.Fatal("no step-down metric")
+	}
+}
+
+func mustGauge(t testing.TB, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name})
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "session" && l.GetValue() == "s" {
+						g.Set(m.GetGauge().GetValue())
+					}
+				}
+			}
+			return g
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return nil
+}
+
+func TestBrokerPathStepDownIsTerminal(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := leasesim.FastCadence()
+	var closed atomic.Int32
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c,
+		BrokerHealthStepDown: 300 * time.Millisecond,
+		CloseSource:          func(context.Context) error { closed.Add(1); return nil }})
+	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	// A blip shorter than the threshold does nothing.
+	a.m.ReportBrokerPath(false)
+	time.Sleep(100 * time.Millisecond)
+	a.m.ReportBrokerPath(true)
+	time.Sleep(3 * c.RenewInterval)
+	if !owns(a) {
+		t.Fatal("a short broker-path blip stepped the owner down")
+	}
+	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c})
+	lostAt := time.Now()
+	a.m.ReportBrokerPath(false)
+	err := a.wait(t, 10*time.Second)
+	if !errors.Is(err, lease.ErrBrokerPathStepDown) {
+		t.Fatalf("Run = %v, want ErrBrokerPathStepDown", err)
+	}
+	if el := time.Since(lostAt); el < 300*time.Millisecond {
+		t.Fatalf("stepped down %v after the path was lost, before the threshold", el)
+	}
+	if closed.Load() != 1 {
+		t.Fatalf("CloseSource called %d times", closed.Load())
+	}
+	// The released lease goes to the standby, and the old owner never
+	// competes again (its Run returned).
+	waitFor(t, 2*c.MaxJitteredPoll()+5*time.Second, "standby owns", func() bool { return owns(b) })
+}
+
+// renewFaults fails Renew (only) while failing is set.
+type renewFaults struct {
+	lease.Store
+	failing atomic.Bool
+	hang    atomic.Bool
+}
+
+func (f *renewFaults) Renew(ctx context.Context, id string, tok lease.Token, ttl time.Duration) error {
+	if f.hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if f.failing.Load() {
+		return errors.New("injected transient renew failure")
+	}
+	return f.Store.Renew(ctx, id, tok, ttl)
+}
+
+func TestLocalDeadlineStepsDown(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := leasesim.FastCadence()
+	st := &renewFaults{Store: openStore(t, path)}
+	a := start(t, lease.Config{Store: st, Session: "s", InstanceID: "a", Cadence: c,
+		OnOwner: func(own *lease.Ownership) { <-own.Context().Done() }})
+	acq := waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	own := a.m.Ownership()
+	hungAt := time.Now()
+	st.hang.Store(true) // renews hang; the store still names us
+	lost := waitEvent(t, a, lease.EventLost, 3*c.LeaseTTL)
+	if lost.Reason != lease.ReasonDeadline {
+		t.Fatalf("loss reason %q, want deadline", lost.Reason)
+	}
+	if own.Valid() || !errors.Is(context.Cause(own.Context()), lease.ErrExpired) {
+		t.Fatalf("tenure still valid or wrong cause: %v", context.Cause(own.Context()))
+	}
+	if el := time.Since(hungAt); el > c.LeaseTTL+time.Second {
+		t.Fatalf("stepped down %v after renews stopped working; TTL %v", el, c.LeaseTTL)
+	}
+	st.hang.Store(false)
+	// Back to standing by; the row still names us, so we re-acquire at
+	// once with a higher version.
+	re := waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	if re.Token.Version <= acq.Token.Version {
+		t.Fatalf("re-acquired at version %d after %d", re.Token.Version, acq.Token.Version)
+	}
+}
+
+func TestRenewFailureStreakAuthoritativeRead(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := leasesim.FastCadence()
+	c.LeaseTTL = 3 * time.Second // room for several rounds of failures
+	st := &renewFaults{Store: openStore(t, path)}
+	a := start(t, lease.Config{Store: st, Session: "s", InstanceID: "a", Cadence: c})
+	acq := waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	st.failing.Store(true)
+	// While the store still names us, a failure streak keeps the lease.
+	time.Sleep(time.Duration(c.MaxRenewFails+1) * (c.RenewInterval + c.LeaseRenewJitter))
+	if !owns(a) {
+		t.Fatal("stepped down after transient failures while the store still names us")
+	}
+	// Someone supersedes the token (the same owner id through another
+	// handle): the next authoritative read decides.
+	other := openStore(t, path)
+	if _, err := other.Acquire(context.Background(), lease.Claim{ID: "s", Owner: acq.Token.Owner, TTL: c.LeaseTTL}); err != nil {
+		t.Fatal(err)
+	}
+	lost := waitEvent(t, a, lease.EventLost, 2*time.Second)
+	if lost.Reason != lease.ReasonRenewFailures || !errors.Is(lost.Err, lease.ErrLost) {
+		t.Fatalf("loss %q %v, want renew_failures / ErrLost", lost.Reason, lost.Err)
+	}
+}
+
+func TestEventsNeverBlock(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	reg := prometheus.NewRegistry()
+	c := leasesim.FastCadence()
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c, EventBuffer: 1, Registerer: reg})
+	waitFor(t, 10*time.Second, "several renews with nobody reading events", func() bool {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == lease.MetricEventsDropped {
+				return mf.GetMetric()[0].GetCounter().GetValue() >= 3
+			}
+		}
+		return false
+	})
+	if !owns(a) {
+		t.Fatal("not owner")
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	good := lease.Config{Store: openStore(t, filepath.Join(t.TempDir(), "l.db")), Session: "s", InstanceID: "i", Cadence: leasesim.FastCadence()}
+	if _, err := lease.New(good); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*lease.Config){
+		"no store":        func(c *lease.Config) { c.Store = nil },
+		"no session":      func(c *lease.Config) { c.Session = "" },
+		"no instance":     func(c *lease.Config) { c.InstanceID = "" },
+		"zero cadence":    func(c *lease.Config) { c.Cadence = failover.Cadence{} },
+		"call above ttl":  func(c *lease.Config) { c.Cadence.RenewCallTimeout = 2 * c.Cadence.LeaseTTL },
+		"negative broker": func(c *lease.Config) { c.BrokerHealthStepDown = -1 },
+	} {
+		cfg := good
+		mut(&cfg)
+		if _, err := lease.New(cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestSharedRegisterer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := openStore(t, filepath.Join(t.TempDir(), "l.db"))
+	for _, id := range []string{"s1", "s2"} {
+		if _, err := lease.New(lease.Config{Store: s, Session: id, InstanceID: "i", Cadence: leasesim.FastCadence(), Registerer: reg}); err != nil {
+			t.Fatalf("second manager on one registerer: %v", err)
+		}
+	}
+}
