@@ -1,0 +1,593 @@
+// Package opampserver serves agents over OpAMP (WebSocket and plain HTTP)
+// with github.com/open-telemetry/opamp-go and keeps their state in the
+// store: description, health, effective config, remote-config status,
+// package statuses, capabilities, first/last seen, the replica they are
+// connected to, and an event log.
+//
+// Heartbeats cost no write of their own: last-seen times and events go to
+// a lastseen.Batcher. Every WebSocket connection has an id that starts with
+// the process nonce, so a write of an old connection never overwrites the
+// state of a newer one on another replica, and the final flush of a
+// planned stop marks exactly this process's agents offline.
+package opampserver
+
+import (
+	"context"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-telemetry/opamp-go/protobufs"
+	"github.com/open-telemetry/opamp-go/server"
+	"github.com/open-telemetry/opamp-go/server/types"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/myriarch/myriarch/internal/fleet/lastseen"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+)
+
+// HTTPConnID is the connection id of agents that poll over plain HTTP:
+// they have no lasting connection, and behind a load balancer every poll
+// may reach another replica, so all replicas share it.
+const HTTPConnID = "http"
+
+// Options configure a Server.
+type Options struct {
+	Store   *store.Store
+	Batcher *lastseen.Batcher
+	// ReplicaID is written to the agents this replica serves.
+	ReplicaID string
+	// Nonce identifies this process; connection ids are Nonce#n.
+	Nonce string
+	// Secret is the enrollment secret agents present as a bearer token.
+	Secret     string
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Server is the OpAMP side of one replica.
+type Server struct {
+	o       Options
+	log     *slog.Logger
+	opamp   server.OpAMPServer
+	handler server.HTTPHandlerFunc
+	connCtx server.ConnContext
+	httpSrv *http.Server
+	served  chan struct{}
+	addr    net.Addr
+
+	stopping atomic.Bool
+	seq      atomic.Int64
+
+	mu    sync.Mutex
+	conns map[types.Connection]*agentConn
+	byUID map[string]*agentConn // WebSocket agents by uid
+	http  map[string]*httpAgent // plain-HTTP agents known to this process
+
+	mConns    prometheus.GaugeFunc
+	mMessages prometheus.Counter
+	mRejected prometheus.Counter
+	mConnects prometheus.Counter
+}
+
+type agentConn struct {
+	conn   types.Connection
+	connID string
+	ws     bool
+
+	mu           sync.Mutex
+	uid          string
+	healthy      *bool
+	reportedHash string
+	sentHash     string
+}
+
+type httpAgent struct {
+	mu       sync.Mutex
+	dirty    bool // desired config may have changed
+	sentHash string
+	healthy  *bool
+	reported string
+}
+
+// New returns a server; Start listens.
+func New(o Options) *Server {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{o: o, log: o.Log.With("component", "opamp"), conns: map[types.Connection]*agentConn{},
+		byUID: map[string]*agentConn{}, http: map[string]*httpAgent{}}
+	s.mConns = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "myriarch_opamp_connections", Help: "Open OpAMP WebSocket connections on this replica."},
+		func() float64 { return float64(s.Connections()) })
+	s.mMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_messages_total", Help: "OpAMP messages received."})
+	s.mRejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_rejected_total", Help: "OpAMP connections refused (bad enrollment secret or stopping)."})
+	s.mConnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_connects_total", Help: "OpAMP WebSocket connections accepted."})
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects)
+	}
+	s.opamp = server.New(nil)
+	s.handler, s.connCtx, _ = s.opamp.Attach(server.Settings{Callbacks: types.Callbacks{OnConnecting: s.onConnecting}})
+	return s
+}
+
+// Start listens on addr and serves OpAMP on path (TLS when tlsCfg is set).
+func (s *Server) Start(addr, path string, tlsCfg *tls.Config) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("server.opampListen %s: %w", addr, err)
+	}
+	if tlsCfg != nil {
+		l = tls.NewListener(l, tlsCfg)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc(path, s.handler)
+	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second}
+	s.addr = l.Addr()
+	s.served = make(chan struct{})
+	go func() {
+		defer close(s.served)
+		if err := s.httpSrv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("OpAMP listener failed", "error", err)
+		}
+	}()
+	return nil
+}
+
+// Addr is the listen address after Start.
+func (s *Server) Addr() net.Addr { return s.addr }
+
+// Connections is the number of open WebSocket connections.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.conns {
+		if c.ws {
+			n++
+		}
+	}
+	return n
+}
+
+// Stop is phase 1 of a planned stop: it refuses new connections, closes
+// the listener and every agent connection, and waits until all are closed
+// or ctx ends (server.shutdownTimeout). Agents reconnect to other replicas.
+func (s *Server) Stop(ctx context.Context) error {
+	s.stopping.Store(true)
+	shut := make(chan error, 1)
+	if s.httpSrv != nil {
+		go func() { shut <- s.httpSrv.Shutdown(ctx) }()
+	} else {
+		shut <- nil
+	}
+	s.mu.Lock()
+	open := make([]types.Connection, 0, len(s.conns))
+	for c, ac := range s.conns {
+		if ac.ws {
+			open = append(open, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range open {
+		_ = c.Disconnect()
+	}
+	err := <-shut
+	if s.served != nil {
+		select {
+		case <-s.served:
+		case <-ctx.Done():
+		}
+	}
+	for {
+		if s.Connections() == 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("closing OpAMP connections: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// FinalFlush is the second part of phase 1: it writes the pending
+// last-seen times and events and marks the agents of this process offline,
+// within ctx (its own 15 s deadline).
+func (s *Server) FinalFlush(ctx context.Context) error {
+	errFlush := s.o.Batcher.Flush(ctx)
+	uids, err := s.o.Store.MarkProcessOffline(ctx, s.o.Nonce+"#")
+	if err != nil {
+		return errors.Join(errFlush, fmt.Errorf("marking agents offline: %w", err))
+	}
+	now := time.Now()
+	evs := make([]store.Event, 0, len(uids))
+	for _, uid := range uids {
+		evs = append(evs, store.Event{InstanceUID: uid, At: now, Kind: store.EventDisconnected, ReplicaID: s.o.ReplicaID, Detail: "replica stopped"})
+	}
+	return errors.Join(errFlush, s.o.Store.InsertEvents(ctx, evs))
+}
+
+func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
+	if s.stopping.Load() {
+		s.mRejected.Inc()
+		return types.ConnectionResponse{Accept: false, HTTPStatusCode: http.StatusServiceUnavailable,
+			HTTPResponseHeader: map[string]string{"Retry-After": "1"}}
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(s.o.Secret)) != 1 {
+		s.mRejected.Inc()
+		return types.ConnectionResponse{Accept: false, HTTPStatusCode: http.StatusUnauthorized}
+	}
+	return types.ConnectionResponse{Accept: true, ConnectionCallbacks: types.ConnectionCallbacks{
+		OnConnected:       s.onConnected,
+		OnMessage:         s.onMessage,
+		OnConnectionClose: s.onClose,
+	}}
+}
+
+func isWS(c types.Connection) bool {
+	// Plain HTTP connections cannot Send; the server's WebSocket type can.
+	return !strings.Contains(fmt.Sprintf("%T", c), "httpConnection")
+}
+
+func (s *Server) onConnected(_ context.Context, c types.Connection) {
+	ac := &agentConn{conn: c, ws: isWS(c)}
+	if ac.ws {
+		ac.connID = s.o.Nonce + "#" + strconv.FormatInt(s.seq.Add(1), 10)
+		s.mConnects.Inc()
+	} else {
+		ac.connID = HTTPConnID
+	}
+	s.mu.Lock()
+	s.conns[c] = ac
+	s.mu.Unlock()
+}
+
+func (s *Server) onClose(c types.Connection) {
+	s.mu.Lock()
+	ac := s.conns[c]
+	delete(s.conns, c)
+	if ac != nil && ac.ws && ac.uid != "" && s.byUID[ac.uid] == ac {
+		delete(s.byUID, ac.uid)
+	}
+	s.mu.Unlock()
+	if ac == nil || !ac.ws || ac.uid == "" || s.stopping.Load() {
+		// On a planned stop the final flush marks all of them at once.
+		return
+	}
+	now := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ok, err := s.o.Store.Disconnected(ctx, ac.uid, ac.connID, now); err != nil {
+		s.log.Warn("recording a disconnect failed; the offline sweeper will catch it", "agent", ac.uid, "error", err)
+	} else if ok {
+		s.o.Batcher.Event(store.Event{InstanceUID: ac.uid, At: now, Kind: store.EventDisconnected, ReplicaID: s.o.ReplicaID})
+	}
+}
+
+// UID formats an instance uid: the canonical UUID form for 16 bytes.
+func UID(b []byte) string {
+	if len(b) == 16 {
+		h := hex.EncodeToString(b)
+		return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+	}
+	return hex.EncodeToString(b)
+}
+
+// ParseUID is the inverse of UID.
+func ParseUID(s string) ([]byte, error) {
+	return hex.DecodeString(strings.ReplaceAll(s, "-", ""))
+}
+
+func (s *Server) onMessage(ctx context.Context, c types.Connection, msg *protobufs.AgentToServer) *protobufs.ServerToAgent {
+	s.mMessages.Inc()
+	now := time.Now()
+	uid := UID(msg.InstanceUid)
+	resp := &protobufs.ServerToAgent{InstanceUid: msg.InstanceUid,
+		Capabilities: uint64(protobufs.ServerCapabilities_ServerCapabilities_AcceptsStatus |
+			protobufs.ServerCapabilities_ServerCapabilities_OffersRemoteConfig |
+			protobufs.ServerCapabilities_ServerCapabilities_AcceptsEffectiveConfig |
+			protobufs.ServerCapabilities_ServerCapabilities_AcceptsPackagesStatus)}
+	s.mu.Lock()
+	ac := s.conns[c]
+	s.mu.Unlock()
+	if ac == nil || len(msg.InstanceUid) == 0 {
+		return resp
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if ac.ws {
+		return s.onWSMessage(ctx, ac, uid, msg, resp, now)
+	}
+	return s.onHTTPMessage(ctx, ac, uid, msg, resp, now)
+}
+
+func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now time.Time) *protobufs.ServerToAgent {
+	ac.mu.Lock()
+	defer ac.mu.Unlock()
+	first := ac.uid == ""
+	if first {
+		if _, err := s.o.Store.Connected(ctx, uid, s.o.ReplicaID, ac.connID, now); err != nil {
+			s.log.Warn("recording a connect failed; closing the connection so that the agent retries", "agent", uid, "error", err)
+			_ = ac.conn.Disconnect()
+			return nil
+		}
+		ac.uid = uid
+		s.mu.Lock()
+		if old := s.byUID[uid]; old != nil && old != ac {
+			// The same agent connected again before its old connection closed.
+			go func() { _ = old.conn.Disconnect() }()
+		}
+		s.byUID[uid] = ac
+		s.mu.Unlock()
+		s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventConnected, ReplicaID: s.o.ReplicaID})
+		if msg.AgentDescription == nil {
+			resp.Flags |= uint64(protobufs.ServerToAgentFlags_ServerToAgentFlags_ReportFullState)
+		}
+	} else if uid != ac.uid {
+		return resp
+	}
+	s.o.Batcher.Touch(uid, ac.connID, now)
+	st, rcs := s.state(uid, msg, now, &ac.healthy)
+	if err := s.o.Store.UpdateState(ctx, uid, ac.connID, st); err != nil {
+		s.log.Warn("storing agent state failed", "agent", uid, "error", err)
+	}
+	if rcs != nil {
+		ac.reportedHash = hex.EncodeToString(rcs.LastRemoteConfigHash)
+	}
+	if first || ac.sentHash == "" {
+		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
+		if err == nil {
+			if want, ok := d[uid]; ok && want.Hash != ac.reportedHash && want.Hash != ac.sentHash {
+				resp.RemoteConfig = remoteConfig(want)
+				ac.sentHash = want.Hash
+				s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventConfigSent, ReplicaID: s.o.ReplicaID, Detail: want.Hash})
+			}
+		}
+	}
+	return resp
+}
+
+func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now time.Time) *protobufs.ServerToAgent {
+	s.mu.Lock()
+	ha := s.http[uid]
+	first := ha == nil
+	if first {
+		ha = &httpAgent{dirty: true}
+		s.http[uid] = ha
+	}
+	s.mu.Unlock()
+	ha.mu.Lock()
+	defer ha.mu.Unlock()
+	if first {
+		created, err := s.o.Store.Connected(ctx, uid, s.o.ReplicaID, HTTPConnID, now)
+		if err != nil {
+			s.mu.Lock()
+			delete(s.http, uid)
+			s.mu.Unlock()
+			return resp
+		}
+		if created || msg.AgentDescription == nil {
+			resp.Flags |= uint64(protobufs.ServerToAgentFlags_ServerToAgentFlags_ReportFullState)
+		}
+	}
+	s.o.Batcher.Touch(uid, HTTPConnID, now)
+	st, rcs := s.state(uid, msg, now, &ha.healthy)
+	if err := s.o.Store.UpdateState(ctx, uid, HTTPConnID, st); err != nil {
+		s.log.Warn("storing agent state failed", "agent", uid, "error", err)
+	}
+	if rcs != nil {
+		ha.reported = hex.EncodeToString(rcs.LastRemoteConfigHash)
+	}
+	if ha.dirty {
+		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
+		if err == nil {
+			ha.dirty = false
+			if want, ok := d[uid]; ok && want.Hash != ha.reported {
+				resp.RemoteConfig = remoteConfig(want)
+				if want.Hash != ha.sentHash {
+					s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventConfigSent, ReplicaID: s.o.ReplicaID, Detail: want.Hash})
+				}
+				ha.sentHash = want.Hash
+				ha.dirty = true // until the agent reports it
+			}
+		}
+	}
+	return resp
+}
+
+func remoteConfig(d store.Desired) *protobufs.AgentRemoteConfig {
+	h, _ := hex.DecodeString(d.Hash)
+	return &protobufs.AgentRemoteConfig{ConfigHash: h, Config: &protobufs.AgentConfigMap{ConfigMap: map[string]*protobufs.AgentConfigFile{
+		"": {Body: []byte(d.Body), ContentType: "text/yaml"},
+	}}}
+}
+
+// state turns the reported parts of msg into a store update and events.
+func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, healthy **bool) (store.State, *protobufs.RemoteConfigStatus) {
+	var st store.State
+	if d := msg.AgentDescription; d != nil {
+		st.Identifying = attrs(d.IdentifyingAttributes)
+		st.NonIdentifying = attrs(d.NonIdentifyingAttributes)
+	}
+	if msg.Capabilities != 0 {
+		c := msg.Capabilities
+		st.Capabilities = &c
+	}
+	if h := msg.Health; h != nil {
+		v := h.Healthy
+		st.Healthy = &v
+		st.Health = healthJSON(h)
+		if *healthy == nil || **healthy != v {
+			if *healthy != nil || !v {
+				s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventHealthChanged, ReplicaID: s.o.ReplicaID,
+					Detail: fmt.Sprintf("healthy=%v %s", v, h.LastError)})
+			}
+			*healthy = &v
+		}
+	}
+	if ec := msg.EffectiveConfig; ec != nil && ec.ConfigMap != nil {
+		var b strings.Builder
+		for name, f := range ec.ConfigMap.ConfigMap {
+			if name != "" && len(ec.ConfigMap.ConfigMap) > 1 {
+				fmt.Fprintf(&b, "# %s\n", name)
+			}
+			b.Write(f.Body)
+		}
+		v := b.String()
+		st.EffectiveConfig = &v
+	}
+	rcs := msg.RemoteConfigStatus
+	if rcs != nil {
+		status := strings.ToLower(strings.TrimPrefix(rcs.Status.String(), "RemoteConfigStatuses_"))
+		hash := hex.EncodeToString(rcs.LastRemoteConfigHash)
+		st.RemoteConfigStatus, st.RemoteConfigHash, st.RemoteConfigError = &status, &hash, &rcs.ErrorMessage
+		kind := ""
+		switch rcs.Status {
+		case protobufs.RemoteConfigStatuses_RemoteConfigStatuses_APPLIED:
+			kind = store.EventConfigApplied
+		case protobufs.RemoteConfigStatuses_RemoteConfigStatuses_FAILED:
+			kind = store.EventConfigFailed
+		case protobufs.RemoteConfigStatuses_RemoteConfigStatuses_APPLYING:
+			kind = store.EventConfigApplying
+		}
+		if kind != "" {
+			s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: kind, ReplicaID: s.o.ReplicaID, Detail: strings.TrimSpace(hash + " " + rcs.ErrorMessage)})
+		}
+	}
+	if ps := msg.PackageStatuses; ps != nil {
+		m := map[string]any{}
+		for name, p := range ps.Packages {
+			m[name] = map[string]any{"agent_has_version": p.AgentHasVersion, "server_offered_version": p.ServerOfferedVersion,
+				"status": p.Status.String(), "error": p.ErrorMessage}
+		}
+		st.PackageStatuses = map[string]any{"packages": m, "error": ps.ErrorMessage}
+	}
+	return st, rcs
+}
+
+func healthJSON(h *protobufs.ComponentHealth) json.RawMessage {
+	comp := map[string]any{}
+	for name, c := range h.ComponentHealthMap {
+		comp[name] = map[string]any{"healthy": c.Healthy, "status": c.Status, "last_error": c.LastError}
+	}
+	b, _ := json.Marshal(map[string]any{"healthy": h.Healthy, "status": h.Status, "last_error": h.LastError,
+		"start_time_unix_nano": h.StartTimeUnixNano, "components": comp})
+	return b
+}
+
+func attrs(kvs []*protobufs.KeyValue) map[string]string {
+	out := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		out[kv.Key] = anyString(kv.Value)
+	}
+	return out
+}
+
+func anyString(v *protobufs.AnyValue) string {
+	if v == nil {
+		return ""
+	}
+	switch x := v.Value.(type) {
+	case *protobufs.AnyValue_StringValue:
+		return x.StringValue
+	case *protobufs.AnyValue_BoolValue:
+		return strconv.FormatBool(x.BoolValue)
+	case *protobufs.AnyValue_IntValue:
+		return strconv.FormatInt(x.IntValue, 10)
+	case *protobufs.AnyValue_DoubleValue:
+		return strconv.FormatFloat(x.DoubleValue, 'g', -1, 64)
+	case *protobufs.AnyValue_BytesValue:
+		return hex.EncodeToString(x.BytesValue)
+	default:
+		b, _ := json.Marshal(v)
+		return string(b)
+	}
+}
+
+// Push delivers the desired config of agent uid if it is connected here
+// (called by the event bus for a notification).
+func (s *Server) Push(ctx context.Context, uid string) {
+	s.mu.Lock()
+	ac := s.byUID[uid]
+	if ha := s.http[uid]; ha != nil {
+		ha.mu.Lock()
+		ha.dirty = true
+		ha.mu.Unlock()
+	}
+	s.mu.Unlock()
+	if ac == nil {
+		return
+	}
+	d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
+	if err != nil {
+		s.log.Warn("loading a desired config failed; the reconcile will retry", "agent", uid, "error", err)
+		return
+	}
+	s.deliver(ctx, ac, d[uid])
+}
+
+// deliver sends want to the agent unless it has it or was sent it.
+func (s *Server) deliver(ctx context.Context, ac *agentConn, want store.Desired) {
+	if want.Hash == "" {
+		return
+	}
+	ac.mu.Lock()
+	defer ac.mu.Unlock()
+	if want.Hash == ac.reportedHash || want.Hash == ac.sentHash {
+		return
+	}
+	msg := &protobufs.ServerToAgent{RemoteConfig: remoteConfig(want)}
+	msg.InstanceUid, _ = ParseUID(ac.uid)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := ac.conn.Send(sctx, msg); err != nil {
+		s.log.Warn("sending a remote config failed", "agent", ac.uid, "error", err)
+		return
+	}
+	ac.sentHash = want.Hash
+	s.o.Batcher.Event(store.Event{InstanceUID: ac.uid, At: time.Now(), Kind: store.EventConfigSent, ReplicaID: s.o.ReplicaID, Detail: want.Hash})
+}
+
+// Reconcile is the event bus's safety net: it compares the desired config
+// of every agent connected here with what the agent reported and was sent,
+// and delivers what is missing (a notification that was lost while the
+// listener session reconnected).
+func (s *Server) Reconcile(ctx context.Context) error {
+	s.mu.Lock()
+	uids := make([]string, 0, len(s.byUID))
+	acs := make(map[string]*agentConn, len(s.byUID))
+	for uid, ac := range s.byUID {
+		uids = append(uids, uid)
+		acs[uid] = ac
+	}
+	for _, ha := range s.http {
+		ha.mu.Lock()
+		ha.dirty = true
+		ha.mu.Unlock()
+	}
+	s.mu.Unlock()
+	for len(uids) > 0 {
+		n := min(len(uids), 1000)
+		d, err := s.o.Store.DesiredConfigs(ctx, uids[:n])
+		if err != nil {
+			return err
+		}
+		for uid, want := range d {
+			s.deliver(ctx, acs[uid], want)
+		}
+		uids = uids[n:]
+	}
+	return nil
+}
