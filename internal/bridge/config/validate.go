@@ -617,6 +617,12 @@ func (v *validator) routes(f *File, cfg *Config) {
 	if len(f.Routes) == 0 {
 		v.add("routes", nil, "at least one route is required")
 	}
+	for i, s := range cfg.Sessions {
+		used := slices.ContainsFunc(cfg.Routes, func(rt RouteSettings) bool { return rt.Session == s.ID && s.ID != "" })
+		if s.Mode == Exclusive && !used {
+			v.add(fmt.Sprintf("sessions[%d].id", i), s.ID, "an exclusive session needs at least one route: its lease policy is the session block of its routes")
+		}
+	}
 	for _, r := range cfg.Receivers {
 		used := slices.ContainsFunc(cfg.Routes, func(rt RouteSettings) bool { return rt.Receiver == r.ID })
 		if !used && r.ID != "" {

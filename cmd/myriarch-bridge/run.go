@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/bridge/health"
+	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/cli"
+	"github.com/myriarch/myriarch/lease"
+)
+
+// Exit statuses of run besides 0 and cli.ExitUsage.
+const (
+	exitFailed = 1
+	// exitStepDown: a broker-path step-down, terminal for the process; the
+	// orchestrator restarts it and it rejoins as a standby.
+	exitStepDown = 3
+)
+
+func init() {
+	commands.Register(cli.Command{
+		Name:    "run",
+		Summary: "run the bridge (the default command)",
+		Run:     runBridge,
+	})
+}
+
+func runBridge(args []string, _, stderr io.Writer) int {
+	fs := flag.NewFlagSet("myriarch-bridge run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("c", "", "configuration file (YAML)")
+	logFormat := fs.String("log-format", "text", "text or json")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return cli.ExitUsage
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: myriarch-bridge run -c FILE [-log-format text|json] [-log-level info]")
+		return cli.ExitUsage
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "-log-level: %q: %v\n", *logLevel, err)
+		return cli.ExitUsage
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	var logger *slog.Logger
+	switch *logFormat {
+	case "text":
+		logger = slog.New(slog.NewTextHandler(stderr, hopts))
+	case "json":
+		logger = slog.New(slog.NewJSONHandler(stderr, hopts))
+	default:
+		fmt.Fprintf(stderr, "-log-format: %q: must be text or json\n", *logFormat)
+		return cli.ExitUsage
+	}
+	slog.SetDefault(logger)
+
+	cfg, err := config.Load(*file)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return cli.ExitUsage
+	}
+	for _, w := range cfg.Warnings {
+		logger.Warn(w)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b, err := runtime.New(ctx, cfg, runtime.Options{Logger: logger, Registerer: reg})
+	if err != nil {
+		logger.Error("starting the bridge", "err", err)
+		return exitFailed
+	}
+	b.LogBudgets()
+	if cfg.Bridge.HTTPListen != "off" {
+		srv, err := health.Listen(cfg.Bridge.HTTPListen, health.Handler(b, reg))
+		if err != nil {
+			logger.Error("http listener", "addr", cfg.Bridge.HTTPListen, "err", err)
+			return exitFailed
+		}
+		logger.Info("serving /live /ready /status /metrics", "addr", srv.Addr())
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	logger.Info("bridge started", "instance", b.InstanceID(), "deployment_mode", cfg.Bridge.DeploymentMode, "sessions", len(cfg.Sessions), "routes", len(cfg.Routes))
+	err = b.Run(ctx)
+	switch {
+	case errors.Is(err, lease.ErrBrokerPathStepDown):
+		logger.Error("exiting after a broker-path step-down; restart this process and it rejoins as a standby", "err", err)
+		return exitStepDown
+	case err != nil:
+		logger.Error("bridge failed", "err", err)
+		return exitFailed
+	}
+	logger.Info("bridge stopped")
+	return 0
+}

@@ -1,0 +1,112 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+	filesender "github.com/myriarch/myriarch/internal/bridge/sender/file"
+	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
+	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
+	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
+	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/etcdstore"
+	"github.com/myriarch/myriarch/lease/pgstore"
+	"github.com/myriarch/myriarch/lease/sqlitestore"
+)
+
+func tlsFiles(t *config.TLSSettings) *mqttconn.TLSFiles {
+	if t == nil {
+		return nil
+	}
+	return &mqttconn.TLSFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+}
+
+// openSender opens one configured sender.
+func openSender(s config.SenderSettings, instanceID string, log *slog.Logger) (sender.Sender, error) {
+	switch s.Type {
+	case "mqtt":
+		tc, err := mqttconn.TLSConfig(tlsFiles(s.TLS))
+		if err != nil {
+			return nil, err
+		}
+		return mqttsender.New(mqttsender.Config{Broker: s.Broker, ClientID: s.ClientID + "-" + instanceID, Username: s.Username,
+			Password: []byte(s.Password.Reveal()), TLS: tc, QoS: s.QoS, KeepAlive: s.KeepAlive, ConnectTimeout: s.ConnectTimeout,
+			Timeout: s.Timeout, Logger: log}), nil
+	case "http":
+		return httpsender.New(httpsender.Config{URL: s.URL, Headers: s.Headers, Timeout: s.Timeout}), nil
+	case "nats":
+		return natssender.Dial(natssender.Config{URL: s.URL, SubjectPrefix: s.SubjectPrefix, Timeout: s.Timeout, Name: "myriarch-bridge " + instanceID})
+	case "kafka":
+		return kafkasender.Dial(kafkasender.Config{Brokers: s.KafkaBrokers, Topic: s.KafkaTopic, Timeout: s.Timeout})
+	case "file":
+		return filesender.Open(s.Path)
+	}
+	return nil, fmt.Errorf("unknown sender type %q", s.Type)
+}
+
+// openSenders opens every sender, or none: on an error the ones opened are
+// closed again.
+func openSenders(ctx context.Context, cfg *config.Config, instanceID string, log *slog.Logger) (map[string]sender.Sender, error) {
+	out := map[string]sender.Sender{}
+	for _, s := range cfg.Senders {
+		snd, err := openSender(s, instanceID, log.With("sender", s.ID))
+		if err != nil {
+			for _, o := range out {
+				_ = o.Close(ctx)
+			}
+			return nil, fmt.Errorf("sender %q: %w", s.ID, err)
+		}
+		out[s.ID] = snd
+	}
+	return out, nil
+}
+
+// openStore opens the configured lease store.
+func openStore(ctx context.Context, s config.LeaseStoreSettings) (lease.Store, error) {
+	switch s.Type {
+	case "sqlite":
+		return sqlitestore.Open(ctx, s.Path, sqlitestore.Options{})
+	case "postgres":
+		return pgstore.OpenDSN(ctx, s.DSN.Reveal(), pgstore.Options{})
+	case "etcd":
+		cli, err := clientv3.New(clientv3.Config{Endpoints: s.Endpoints, DialTimeout: 5e9})
+		if err != nil {
+			return nil, err
+		}
+		return &closingStore{Store: etcdstore.Open(cli, etcdstore.Options{Prefix: s.Prefix}), close: cli.Close}, nil
+	}
+	return nil, errors.New("unknown lease store type " + s.Type)
+}
+
+// closingStore closes the etcd client with the store.
+type closingStore struct {
+	lease.Store
+	close func() error
+}
+
+func (c *closingStore) Close() error {
+	err := c.Store.Close()
+	if cerr := c.close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func defaultInstanceID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "bridge"
+	}
+	var b [4]byte
+	_, _ = randRead(b[:])
+	return fmt.Sprintf("%s-%x", h, b)
+}

@@ -1,0 +1,501 @@
+// Package runtime runs a validated bridge configuration: it opens the
+// senders and the lease store, runs every session — exclusive ones under a
+// lease manager, connecting only while they hold the lease — and exposes
+// what /ready and /status report.
+//
+// An exclusive session connects to its broker only after the lease is
+// acquired and disconnects when it is lost; the next tenure gets a fresh
+// transport session in the same process. The one exception is a
+// broker-path step-down: it is terminal, Run returns
+// lease.ErrBrokerPathStepDown and the process exits non-zero, because an
+// owner that proved it cannot reach the broker would otherwise re-seize
+// the lease it just released before a standby's next poll. The
+// orchestrator restarts it and it rejoins as a standby.
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/bridge/metrics"
+	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/routing"
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/disclose"
+	"github.com/myriarch/myriarch/lease"
+)
+
+var randRead = rand.Read
+
+// Bridge is a running bridge.
+type Bridge struct {
+	cfg        *config.Config
+	log        *slog.Logger
+	reg        prometheus.Registerer
+	met        *metrics.Bridge
+	instanceID string
+	senders    map[string]sender.Sender
+	dl         *routing.DeadLetter
+	store      lease.Store
+	runners    []*runner
+}
+
+// Options are what the process adds to the configuration.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer // nil: metrics are not registered
+}
+
+// New opens the senders and the lease store. Nothing connects to a source
+// broker before Run.
+func New(ctx context.Context, cfg *config.Config, opts Options) (*Bridge, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Bridge{cfg: cfg, log: log, reg: opts.Registerer, met: metrics.New(opts.Registerer), instanceID: cfg.Bridge.InstanceID}
+	if b.instanceID == "" {
+		b.instanceID = defaultInstanceID()
+	}
+	b.log = b.log.With("bridge", cfg.Bridge.ID, "instance", b.instanceID)
+	if len(cfg.Exclusive) > 0 {
+		st, err := openStore(ctx, cfg.LeaseStore)
+		if err != nil {
+			return nil, fmt.Errorf("lease store (%s): %w", cfg.LeaseStore.Type, err)
+		}
+		b.store = st
+	}
+	senders, err := openSenders(ctx, cfg, b.instanceID, b.log)
+	if err != nil {
+		b.closeStore()
+		return nil, err
+	}
+	b.senders = senders
+	b.dl = routing.OpenDeadLetter(cfg.Bridge.DeadLetterPath)
+	for i := range cfg.Sessions {
+		r, err := b.newRunner(&cfg.Sessions[i])
+		if err != nil {
+			b.closeAll(ctx)
+			return nil, err
+		}
+		b.runners = append(b.runners, r)
+	}
+	return b, nil
+}
+
+func (b *Bridge) closeStore() {
+	if b.store != nil {
+		_ = b.store.Close()
+	}
+}
+
+func (b *Bridge) closeAll(ctx context.Context) {
+	for id, s := range b.senders {
+		if err := s.Close(ctx); err != nil {
+			b.log.Warn("closing sender", "sender", id, "err", err)
+		}
+	}
+	_ = b.dl.Close()
+	b.closeStore()
+}
+
+// InstanceID is this process's instance id.
+func (b *Bridge) InstanceID() string { return b.instanceID }
+
+// LogBudgets logs, per exclusive session, the numbers `check` discloses.
+func (b *Bridge) LogBudgets() {
+	for _, c := range b.cfg.Exclusive {
+		r := disclose.NewBridgeReport(c.Assessment)
+		attrs := []any{"session", c.SessionID, "lease_ttl", c.Assessment.Cadence.LeaseTTL,
+			"renew_interval", c.Assessment.Cadence.RenewInterval, "acquire_poll_interval", c.Assessment.Cadence.AcquirePollInterval,
+			"activation", c.Assessment.Policy.Activation.Bound, "broker_health_step_down", c.Assessment.Policy.BrokerHealthStepDown.String(),
+			"broker_path_failover", r.BrokerPathFailover}
+		if c.Assessment.OwnerDeath != nil {
+			attrs = append(attrs, "worst_case_failover_budget", c.Assessment.OwnerDeath.Total)
+		}
+		if c.Assessment.BrokerPath != nil {
+			attrs = append(attrs, "broker_path_budget", c.Assessment.BrokerPath.Total)
+		}
+		if slo := c.Assessment.Policy.FailoverSLO; slo > 0 {
+			attrs = append(attrs, "failover_slo", slo)
+		}
+		b.log.Info("failover budget", attrs...)
+	}
+}
+
+// Run runs every session until ctx ends, then shuts down gracefully
+// within shutdown_timeout: intake stops, in-flight messages drain, leases
+// are released. It returns lease.ErrBrokerPathStepDown after a broker-path
+// step-down (after shutting the rest down), or the first fatal error.
+func (b *Bridge) Run(ctx context.Context) error {
+	defer b.closeAll(context.Background())
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	// hard ends everything shutdown_timeout after the graceful stop began.
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	stopTimer := context.AfterFunc(runCtx, func() {
+		time.AfterFunc(b.cfg.Bridge.ShutdownTimeout, cancelHard)
+	})
+	defer stopTimer()
+
+	errs := make(chan error, len(b.runners))
+	var wg sync.WaitGroup
+	for _, r := range b.runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := r.run(runCtx, hard)
+			if err != nil {
+				cancelRun() // a terminal error stops the whole process
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var first error
+	for err := range errs {
+		if err != nil && (first == nil || errors.Is(err, lease.ErrBrokerPathStepDown)) {
+			first = err
+		}
+	}
+	return first
+}
+
+// Ready reports whether every session this instance must serve is at
+// ServiceLevelFull; a standby of an exclusive session is ready as standby.
+func (b *Bridge) Ready() bool {
+	for _, r := range b.runners {
+		if !r.ready() {
+			return false
+		}
+	}
+	return true
+}
+
+// Status is the JSON object of /status.
+type Status struct {
+	BridgeID       string          `json:"bridge_id"`
+	InstanceID     string          `json:"instance_id"`
+	DeploymentMode string          `json:"deployment_mode"`
+	Ready          bool            `json:"ready"`
+	Sessions       []SessionStatus `json:"sessions"`
+}
+
+// SessionStatus is one session in /status.
+type SessionStatus struct {
+	ID           string `json:"id"`
+	Mode         string `json:"mode"`
+	Role         string `json:"role"` // owner, standby, active (non-exclusive), stopped
+	ServiceLevel string `json:"service_level"`
+	LeaseVersion int64  `json:"lease_version,omitempty"`
+	LeaseOwner   string `json:"lease_owner,omitempty"`
+	// BrokerPathLostFor is how long the owner's broker path has been
+	// lost (the broker_health_step_down clock), in seconds.
+	BrokerPathLostFor *float64               `json:"broker_path_lost_for_s"`
+	InFlight          int64                  `json:"in_flight"`
+	Budget            *disclose.BridgeReport `json:"budget,omitempty"`
+	Routes            []string               `json:"routes"`
+	TakeoverToFull    *float64               `json:"last_takeover_to_full_s"`
+	ServiceLevelSince time.Time              `json:"service_level_since"`
+}
+
+// Status reports the instance and every session.
+func (b *Bridge) Status() Status {
+	s := Status{BridgeID: b.cfg.Bridge.ID, InstanceID: b.instanceID, DeploymentMode: string(b.cfg.Bridge.DeploymentMode), Ready: b.Ready()}
+	for _, r := range b.runners {
+		s.Sessions = append(s.Sessions, r.status())
+	}
+	return s
+}
+
+// runner runs one configured session.
+type runner struct {
+	b       *Bridge
+	sess    *config.SessionSettings
+	routes  []config.RouteSettings
+	policy  *disclose.BridgeReport
+	log     *slog.Logger
+	manager *lease.Manager
+
+	mu             sync.Mutex
+	current        *mqtt.Session
+	role           string
+	level          mqtt.Level
+	levelSince     time.Time
+	tenureStart    time.Time
+	servedFull     bool
+	pathLostSince  time.Time
+	lastTakeover   time.Duration
+	liveRoutes     []*routing.Route
+	quiet          bool
+	brokerStepDown bool
+}
+
+func (b *Bridge) newRunner(s *config.SessionSettings) (*runner, error) {
+	r := &runner{b: b, sess: s, log: b.log.With("session", s.ID), role: "active", levelSince: time.Now()}
+	for _, rt := range b.cfg.Routes {
+		if rt.Session == s.ID {
+			r.routes = append(r.routes, rt)
+		}
+	}
+	if s.Mode != config.Exclusive {
+		return r, nil
+	}
+	c := b.cfg.ExclusiveSession(s.ID)
+	if c == nil {
+		// An exclusive session no route uses still needs the lease, or two
+		// instances would consume it at once; it runs at the baseline.
+		return nil, fmt.Errorf("exclusive session %q is used by no route", s.ID)
+	}
+	rep := disclose.NewBridgeReport(c.Assessment)
+	rep.SessionID = s.ID
+	r.policy = &rep
+	r.role = "standby"
+	after, _ := c.Assessment.Policy.BrokerHealthStepDown.After()
+	m, err := lease.New(lease.Config{
+		Store:                b.store,
+		Session:              b.cfg.Bridge.ID + "/" + s.ID,
+		InstanceID:           b.instanceID,
+		Endpoint:             b.cfg.Bridge.HTTPListen,
+		Cadence:              c.Assessment.Cadence,
+		BrokerHealthStepDown: after,
+		OnOwner:              r.own,
+		CloseSource: func(context.Context) error {
+			r.drain()
+			return nil
+		},
+		Logger:     r.log,
+		Registerer: b.reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.manager = m
+	return r, nil
+}
+
+func (r *runner) run(ctx, hard context.Context) error {
+	if r.manager == nil {
+		r.b.met.Owner.WithLabelValues(r.sess.ID).Set(1)
+		stopping := make(chan struct{})
+		stopOnce := context.AfterFunc(ctx, func() { close(stopping) })
+		defer stopOnce()
+		r.serve(hard, stopping)
+		return nil
+	}
+	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
+	err := r.manager.Run(ctx)
+	if errors.Is(err, lease.ErrBrokerPathStepDown) {
+		r.b.met.StepDowns.WithLabelValues(r.sess.ID).Inc()
+		r.mu.Lock()
+		r.brokerStepDown, r.role = true, "stepped_down"
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// own is one tenure: connect, serve until the lease ends.
+func (r *runner) own(o *lease.Ownership) {
+	r.mu.Lock()
+	r.role, r.tenureStart, r.servedFull, r.pathLostSince = "owner", time.Now(), false, time.Time{}
+	r.mu.Unlock()
+	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(1)
+	r.log.Info("lease acquired; connecting", "version", o.Token().Version)
+	r.serve(o.Context(), o.Stopping())
+	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
+	r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
+	r.mu.Lock()
+	if r.role == "owner" {
+		r.role = "standby"
+	}
+	r.mu.Unlock()
+}
+
+// serve runs a fresh transport session with fresh routes until ctx ends
+// (stop now) or stopping closes (drain, then stop).
+func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
+	var routes []*routing.Route
+	for _, rt := range r.routes {
+		recv := r.b.cfg.Receiver(rt.Receiver)
+		var filters []string
+		for _, t := range recv.Topics {
+			filters = append(filters, t.Filter)
+		}
+		var targets []routing.Target
+		for _, id := range rt.Senders {
+			st := r.b.cfg.Sender(id)
+			targets = append(targets, routing.Target{ID: id, Sender: r.b.senders[id], MaxAttempts: st.MaxAttempts,
+				InitialBackoff: st.InitialBackoff, MaxBackoff: st.MaxBackoff})
+		}
+		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
+			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, DeadLetter: r.b.dl,
+			Metrics: r.b.met, Logger: r.log}))
+	}
+	var subs []mqtt.Subscription
+	seen := map[string]bool{}
+	for _, recv := range r.b.cfg.Receivers {
+		if recv.Session != r.sess.ID {
+			continue
+		}
+		for _, t := range recv.Topics {
+			if !seen[t.Filter] {
+				seen[t.Filter] = true
+				subs = append(subs, mqtt.Subscription{Filter: t.Filter, QoS: t.QoS})
+			}
+		}
+	}
+	clientID := r.sess.ClientID
+	if r.sess.ClientIDInstance {
+		clientID += "-" + r.b.instanceID
+	}
+	tc, err := mqttconn.TLSConfig(tlsFiles(r.sess.TLS))
+	if err != nil {
+		r.log.Error("TLS configuration", "err", err)
+		return
+	}
+	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met}
+	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
+		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
+		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
+		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
+		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: d.Handle,
+		OnLevel: r.onLevel, Logger: r.log})
+	if err != nil {
+		r.log.Error("transport", "err", err)
+		return
+	}
+	r.mu.Lock()
+	r.current, r.liveRoutes = s, routes
+	r.mu.Unlock()
+
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Run(sctx)
+	}()
+	select {
+	case <-ctx.Done():
+		r.setQuiet()
+	case <-stopping:
+		r.setQuiet()
+		// Graceful: stop intake, drain what is in flight.
+		s.Drain()
+		for _, rt := range routes {
+			if err := rt.WaitIdle(ctx); err != nil {
+				r.log.Warn("in-flight messages left unacknowledged for the next owner", "route", rt.ID(), "in_flight", rt.InFlight())
+			}
+		}
+	case <-done:
+	}
+	for _, rt := range routes {
+		rt.Close()
+	}
+	cancel()
+	<-done
+	r.mu.Lock()
+	r.current, r.liveRoutes, r.quiet = nil, nil, false
+	r.mu.Unlock()
+}
+
+// setQuiet marks the end of a tenure or of the process: the level drops
+// that follow are not broker-path losses.
+func (r *runner) setQuiet() {
+	r.mu.Lock()
+	r.quiet = true
+	r.mu.Unlock()
+}
+
+// drain is the lease manager's first step-down phase: stop intake.
+func (r *runner) drain() {
+	r.mu.Lock()
+	s := r.current
+	r.mu.Unlock()
+	if s != nil {
+		s.Drain()
+	}
+}
+
+func (r *runner) onLevel(l mqtt.Level) {
+	r.b.met.ServiceLevel.WithLabelValues(r.sess.ID).Set(float64(l))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.level, r.levelSince = l, time.Now()
+	if r.manager == nil || r.role != "owner" {
+		return
+	}
+	switch {
+	case l == mqtt.LevelFull:
+		if !r.servedFull {
+			r.servedFull = true
+			r.lastTakeover = time.Since(r.tenureStart)
+			r.b.met.TakeoverToFull.WithLabelValues(r.sess.ID).Observe(r.lastTakeover.Seconds())
+			r.log.Info("service level full", "takeover_to_full", r.lastTakeover)
+		} else {
+			r.log.Info("broker path restored", "lost_for", time.Since(r.pathLostSince))
+		}
+		r.pathLostSince = time.Time{}
+		r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
+		r.manager.ReportBrokerPath(true)
+	case r.servedFull && r.pathLostSince.IsZero() && !r.quiet:
+		// The broker-path clock starts when the path is lost while serving.
+		r.pathLostSince = time.Now()
+		r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(1)
+		r.log.Warn("broker path lost while owning", "level", l.String())
+		r.manager.ReportBrokerPath(false)
+	}
+}
+
+func (r *runner) ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch r.role {
+	case "standby":
+		return true
+	case "stepped_down":
+		return false
+	}
+	return r.level == mqtt.LevelFull
+}
+
+func (r *runner) status() SessionStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := SessionStatus{ID: r.sess.ID, Mode: r.sess.Mode, Role: r.role, ServiceLevel: r.level.String(), Budget: r.policy,
+		ServiceLevelSince: r.levelSince}
+	for _, rt := range r.routes {
+		st.Routes = append(st.Routes, rt.ID)
+	}
+	for _, rt := range r.liveRoutes {
+		st.InFlight += rt.InFlight()
+	}
+	if !r.pathLostSince.IsZero() {
+		v := time.Since(r.pathLostSince).Seconds()
+		st.BrokerPathLostFor = &v
+	}
+	if r.lastTakeover > 0 {
+		v := r.lastTakeover.Seconds()
+		st.TakeoverToFull = &v
+	}
+	if r.manager != nil {
+		if o := r.manager.Ownership(); o != nil {
+			st.LeaseVersion = o.Token().Version
+			st.LeaseOwner = o.Token().Owner
+		}
+	}
+	return st
+}
+
+// StatusJSON implements health.Source.
+func (b *Bridge) StatusJSON() any { return b.Status() }
