@@ -1,0 +1,124 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/pgleader"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestSweeperAndHousekeepingRunUnderTheLeaderWithFencedWrites(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	el, err := pgleader.New(pgleader.Config{Pool: st.Pool, LeaderSessionTimeout: 10 * time.Second, ID: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { el.Run(ctx) })
+
+	old := time.Now().Add(-time.Hour)
+	st.Connected(ctx, "stale", "dead-replica", "x#1", old)
+	st.Connected(ctx, "fresh", "r1", "y#1", time.Now())
+	st.InsertEvents(ctx, []store.Event{{InstanceUID: "fresh", At: old.Add(-30 * 24 * time.Hour), Kind: "ancient"}})
+
+	swept := make(chan int, 10)
+	r := NewRunner([]Job{
+		OfflineSweeper(50*time.Millisecond, time.Minute, func(n int) { swept <- n }),
+		Housekeeping(50*time.Millisecond, 24*time.Hour, time.Hour, pgleader.RegistryTable),
+	}, el.InTerm, "r1", nil, nil)
+
+	lctx, term, err := el.WaitLeader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jctx, jstop := context.WithCancel(lctx)
+	done := make(chan struct{})
+	go func() { r.Lead(jctx, term); close(done) }()
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		a, _ := st.GetAgent(ctx, "stale")
+		return a.Status == "offline"
+	}) {
+		t.Fatal("stale agent not swept")
+	}
+	if a, _ := st.GetAgent(ctx, "fresh"); a.Status != "online" {
+		t.Fatal("fresh agent swept")
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		evs, _ := st.Events(ctx, "fresh", 10)
+		return len(evs) == 0
+	}) {
+		t.Fatal("old event not pruned")
+	}
+	evs, _ := st.Events(ctx, "stale", 10)
+	if len(evs) != 1 || evs[0].Kind != store.EventMarkedOffline {
+		t.Fatalf("sweeper event: %+v", evs)
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		runs, _ := st.JobRuns(ctx)
+		return len(runs) == 2 && runs[0].Term == term && runs[0].Runs > 0
+	}) {
+		runs, _ := st.JobRuns(ctx)
+		t.Fatalf("job runs: %+v", runs)
+	}
+	for _, s := range r.Statuses() {
+		if s.Runs == 0 || s.Error != "" || s.Term != term {
+			t.Fatalf("status %+v", s)
+		}
+	}
+	jstop()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("jobs did not stop with their context")
+	}
+}
+
+func TestAStaleFenceWritesNothing(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	st, err := store.Open(ctx, pg.DSN(""), 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.Connected(ctx, "stale", "dead", "x#1", time.Now().Add(-time.Hour))
+	// An elector that never ran does not lead: its fence refuses.
+	el, err := pgleader.New(pgleader.Config{Pool: st.Pool, ID: "r2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := OfflineSweeper(time.Second, time.Minute, nil)
+	if err := j.Run(ctx, el.InTerm); !errors.Is(err, pgleader.ErrStaleTerm) {
+		t.Fatalf("err %v", err)
+	}
+	if a, _ := st.GetAgent(ctx, "stale"); a.Status != "online" {
+		t.Fatal("a write without a current term committed")
+	}
+	var fence Fence = func(ctx context.Context, fn func(context.Context, pgx.Tx) error) error { return errors.New("boom") }
+	r := NewRunner([]Job{j}, fence, "r2", nil, nil)
+	c, stop := context.WithCancel(ctx)
+	go func() { time.Sleep(100 * time.Millisecond); stop() }()
+	r.Lead(c, 1)
+	if s := r.Statuses()[0]; s.Failures == 0 || s.Error != "boom" {
+		t.Fatalf("status %+v", s)
+	}
+}
