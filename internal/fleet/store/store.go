@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -507,4 +508,23 @@ func mustSub(f embed.FS, dir string) fs.FS {
 		panic(err)
 	}
 	return sub
+}
+
+// Leader is the current term as recorded by pgleader.
+type Leader struct {
+	Term      int64     `json:"term"`
+	LeaderID  string    `json:"leader_id"`
+	ElectedAt time.Time `json:"elected_at"`
+}
+
+// CurrentLeader reads the term row of lockKey from table (pgleader's term
+// table). ok is false while no leader was ever elected.
+func (s *Store) CurrentLeader(ctx context.Context, table string, lockKey int64) (l Leader, ok bool, err error) {
+	err = s.Pool.QueryRow(ctx, "SELECT term, leader_id, elected_at FROM "+pgx.Identifier{table}.Sanitize()+" WHERE lock_key = $1", lockKey).
+		Scan(&l.Term, &l.LeaderID, &l.ElectedAt)
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || (errors.As(err, &pgErr) && pgErr.Code == "42P01") {
+		return l, false, nil
+	}
+	return l, err == nil, err
 }

@@ -1,0 +1,311 @@
+// Package daemon assembles one myriarchd replica: store, leader election,
+// OpAMP server, event bus, leader jobs, REST API and UI, and stops them in
+// the order of the planned-stop sequence of the high-availability spec:
+//
+//  1. the OpAMP server closes the agent connections (up to
+//     server.shutdownTimeout), then, with its own 15 s deadline, flushes the
+//     last-seen times and events and marks this replica's agents offline;
+//  2. the HTTP server drains open requests for a fresh server.shutdownTimeout;
+//  3. the leader unlocks and closes its lock session (up to 4 s);
+//  4. the event bus listener session and the pool close.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/config"
+	"github.com/myriarch/myriarch/internal/fleet/eventbus"
+	"github.com/myriarch/myriarch/internal/fleet/jobs"
+	"github.com/myriarch/myriarch/internal/fleet/lastseen"
+	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/pgleader"
+)
+
+// Phases of the planned stop, in order (reported to Options.OnPhase).
+const (
+	PhaseOpAMPClose    = "opamp_close"
+	PhaseFinalFlush    = "final_flush"
+	PhaseHTTPDrain     = "http_drain"
+	PhaseLeaderRelease = "leader_release"
+	PhaseClose         = "pool_listener_close"
+)
+
+// Options configure a replica.
+type Options struct {
+	Config  *config.Config
+	Log     *slog.Logger
+	Version string
+	// OnPhase is called at the start of every stop phase (tests, logs).
+	OnPhase func(phase string)
+	// Mount adds more handlers (the UI) to the HTTP mux.
+	Mount func(mux *http.ServeMux, a *api.API)
+}
+
+// Daemon is one running replica.
+type Daemon struct {
+	o     Options
+	cfg   *config.Config
+	log   *slog.Logger
+	nonce string
+
+	Store   *store.Store
+	Elector *pgleader.Elector
+	OpAMP   *opampserver.Server
+	API     *api.API
+	Runner  *jobs.Runner
+	Reg     *prometheus.Registry
+
+	batcher  *lastseen.Batcher
+	httpSrv  *http.Server
+	httpAddr net.Addr
+
+	stopping atomic.Bool
+	stopOnce sync.Once
+	stopErr  error
+
+	electorCancel context.CancelFunc
+	electorDone   chan struct{}
+	bgCancel      context.CancelFunc // batcher
+	bgDone        chan struct{}
+	busCancel     context.CancelFunc
+	busDone       chan struct{}
+	httpDone      chan struct{}
+	jobsWG        sync.WaitGroup
+}
+
+// Start opens the database, migrates it, and starts every part of the
+// replica. On error everything started so far is stopped again.
+func Start(ctx context.Context, o Options) (d *Daemon, err error) {
+	cfg := o.Config
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.OnPhase == nil {
+		o.OnPhase = func(string) {}
+	}
+	var nb [6]byte
+	_, _ = rand.Read(nb[:])
+	d = &Daemon{o: o, cfg: cfg, log: o.Log, nonce: cfg.HA.ReplicaID + "/" + hex.EncodeToString(nb[:])}
+	d.Reg = prometheus.NewRegistry()
+	d.Reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	d.Store, err = store.Open(ctx, cfg.Database.URL, int32(cfg.Database.MaxConns), d.log)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			d.abort()
+		}
+	}()
+	d.batcher = lastseen.New(d.Store, cfg.Server.LastSeenFlushInterval, d.log, d.Reg)
+	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
+		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg})
+
+	var runner *jobs.Runner
+	d.Elector, err = pgleader.New(pgleader.Config{
+		Pool: d.Store.Pool, LeaderSessionTimeout: cfg.HA.LeaderSessionTimeout, HeartbeatInterval: cfg.HA.HeartbeatInterval,
+		LockKey: cfg.HA.LeaderLockKey, ID: cfg.HA.ReplicaID, Version: o.Version, Logger: d.log, Registerer: d.Reg,
+		OnElected: func(lctx context.Context, term int64) {
+			d.log.Info("this replica leads; starting the leader jobs", "term", term)
+			d.jobsWG.Go(func() { runner.Lead(lctx, term) })
+		},
+		OnDemoted: func(term int64, reason string) {
+			d.log.Info("this replica no longer leads", "term", term, "reason", reason)
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	runner = jobs.NewRunner([]jobs.Job{
+		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
+		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
+	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
+	d.Runner = runner
+
+	var tlsCfg *tls.Config
+	if cfg.Server.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("server.tlsCertFile: %w", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	if err := d.OpAMP.Start(cfg.Server.OpAMPListen, cfg.Server.OpAMPPath, tlsCfg); err != nil {
+		return nil, err
+	}
+
+	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
+	mux := http.NewServeMux()
+	d.API.Register(mux)
+	if o.Mount != nil {
+		o.Mount(mux, d.API)
+	}
+	l, err := net.Listen("tcp", cfg.Server.HTTPListen)
+	if err != nil {
+		return nil, fmt.Errorf("server.httpListen %s: %w", cfg.Server.HTTPListen, err)
+	}
+	d.httpAddr = l.Addr()
+	d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	d.httpDone = make(chan struct{})
+	go func() {
+		defer close(d.httpDone)
+		if err := d.httpSrv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("HTTP server failed", "error", err)
+		}
+	}()
+
+	var ectx, bgctx, busctx context.Context
+	ectx, d.electorCancel = context.WithCancel(context.Background())
+	d.electorDone = make(chan struct{})
+	go func() { defer close(d.electorDone); _ = d.Elector.Run(ectx) }()
+	bgctx, d.bgCancel = context.WithCancel(context.Background())
+	d.bgDone = make(chan struct{})
+	go func() { defer close(d.bgDone); d.batcher.Run(bgctx) }()
+	bus := eventbus.New(d.Elector.Listen, store.NotifyChannel, d.OpAMP, cfg.Agents.ReconcileInterval, d.log, d.Reg)
+	busctx, d.busCancel = context.WithCancel(context.Background())
+	d.busDone = make(chan struct{})
+	go func() { defer close(d.busDone); bus.Run(busctx) }()
+	d.log.Info("myriarchd replica started", "replica", cfg.HA.ReplicaID, "opamp", d.OpAMP.Addr().String()+cfg.Server.OpAMPPath,
+		"http", d.httpAddr.String(), "leaderSessionTimeout", cfg.HA.LeaderSessionTimeout)
+	return d, nil
+}
+
+// OpAMPAddr and HTTPAddr are the bound listen addresses.
+func (d *Daemon) OpAMPAddr() net.Addr { return d.OpAMP.Addr() }
+
+// HTTPAddr is the bound address of the API/UI listener.
+func (d *Daemon) HTTPAddr() net.Addr { return d.httpAddr }
+
+// Nonce is the process nonce that prefixes this replica's connection ids.
+func (d *Daemon) Nonce() string { return d.nonce }
+
+func (d *Daemon) ready(ctx context.Context) error {
+	if d.stopping.Load() {
+		return errors.New("stopping")
+	}
+	return d.Store.Pool.Ping(ctx)
+}
+
+// Shutdown runs the planned-stop sequence once; later calls return the
+// first result.
+func (d *Daemon) Shutdown() error {
+	d.stopOnce.Do(func() { d.stopErr = d.shutdown() })
+	return d.stopErr
+}
+
+func (d *Daemon) shutdown() error {
+	d.stopping.Store(true)
+	timeout := d.cfg.Server.ShutdownTimeout
+	var errs []error
+	phase := func(name string) time.Time {
+		d.log.Info("planned stop", "phase", name)
+		d.o.OnPhase(name)
+		return time.Now()
+	}
+
+	// 1. OpAMP: close the agent connections, then the final flush.
+	t := phase(PhaseOpAMPClose)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	if err := d.OpAMP.Stop(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("OpAMP close: %w", err))
+	}
+	cancel()
+	d.bgCancel()
+	<-d.bgDone
+	d.log.Info("agent connections closed", "took", time.Since(t))
+	t = phase(PhaseFinalFlush)
+	ctx, cancel = context.WithTimeout(context.Background(), failover.FinalFlushDeadline)
+	if err := d.OpAMP.FinalFlush(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("final flush: %w", err))
+	}
+	cancel()
+	d.log.Info("final flush done", "took", time.Since(t))
+
+	// 2. HTTP: drain for a fresh shutdownTimeout.
+	t = phase(PhaseHTTPDrain)
+	ctx, cancel = context.WithTimeout(context.Background(), timeout)
+	if err := d.httpSrv.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("HTTP drain: %w", err))
+		_ = d.httpSrv.Close()
+	}
+	cancel()
+	<-d.httpDone
+	d.log.Info("HTTP drained", "took", time.Since(t))
+
+	// 3. Leader: unlock and close the lock session (pgleader bounds it by 4s).
+	t = phase(PhaseLeaderRelease)
+	d.electorCancel()
+	select {
+	case <-d.electorDone:
+	case <-time.After(pgleader.ReleaseTimeout + time.Second):
+		errs = append(errs, errors.New("leader release took longer than its bound"))
+	}
+	d.jobsWG.Wait()
+	d.log.Info("leadership released", "took", time.Since(t))
+
+	// 4. Listener session and pool.
+	phase(PhaseClose)
+	d.busCancel()
+	<-d.busDone
+	d.Store.Close()
+	return errors.Join(errs...)
+}
+
+// abort stops what Start started, without the planned-stop sequence.
+func (d *Daemon) abort() {
+	if d.electorCancel != nil {
+		d.electorCancel()
+		<-d.electorDone
+	}
+	if d.bgCancel != nil {
+		d.bgCancel()
+		<-d.bgDone
+	}
+	if d.busCancel != nil {
+		d.busCancel()
+		<-d.busDone
+	}
+	d.jobsWG.Wait()
+	if d.httpSrv != nil {
+		_ = d.httpSrv.Close()
+		<-d.httpDone
+	}
+	if d.OpAMP != nil && d.OpAMP.Addr() != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = d.OpAMP.Stop(ctx)
+		cancel()
+	}
+	if d.Store != nil {
+		d.Store.Close()
+	}
+}
+
+// Kill simulates a replica killed while it runs (kill -9 during a drain):
+// connections drop, nothing is flushed, no agent is marked offline. What a
+// kill loses is exactly what Kill skips; the offline sweeper of the leader
+// marks the agents later.
+func (d *Daemon) Kill() {
+	d.stopping.Store(true)
+	d.stopOnce.Do(func() {
+		d.stopErr = errors.New("killed")
+		d.abort()
+	})
+}

@@ -1,0 +1,250 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/config"
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/pgtest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const secret = "0123456789abcdef-secret"
+
+func testConfig(t *testing.T, dsn, replica string, extra map[string]string) *config.Config {
+	t.Helper()
+	ov := map[string]string{
+		"database.url": dsn, "server.enrollmentSecret": secret, "ha.replicaId": replica,
+		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0",
+		"ha.leaderSessionTimeout": "10s", "ha.heartbeatInterval": "1s",
+		"server.lastSeenFlushInterval": "200ms", "server.shutdownTimeout": "10s",
+		"agents.reconcileInterval": "10m", // the notification path must do the work
+		"jobs.offlineSweepInterval": "1s", "database.maxConns": "8",
+	}
+	for k, v := range extra {
+		ov[k] = v
+	}
+	c, err := config.Load(config.Source{Environ: []string{}, Overrides: ov})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func start(t *testing.T, c *config.Config, onPhase func(string)) *Daemon {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	d, err := Start(ctx, Options{Config: c, Log: log, Version: "test", OnPhase: onPhase})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+type client struct {
+	base, token string
+}
+
+func (c client) do(t *testing.T, method, path, body string, out any) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, c.base+path, strings.NewReader(body))
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+func TestTwoReplicas(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var phases []string
+	a := start(t, testConfig(t, pg.DSN(""), "replica-a", nil), nil)
+	defer a.Shutdown()
+	b := start(t, testConfig(t, pg.DSN(""), "replica-b", nil), func(p string) {
+		mu.Lock()
+		phases = append(phases, p)
+		mu.Unlock()
+	})
+	defer b.Shutdown()
+
+	tok, err := a.Store.CreateToken(ctx, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon := client{base: "http://" + a.HTTPAddr().String()}
+	ca := client{base: anon.base, token: tok}
+
+	// Probes and metrics need no token; the API does.
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		if code := anon.do(t, "GET", p, "", nil); code != 200 {
+			t.Errorf("%s: %d", p, code)
+		}
+	}
+	for _, p := range []string{"/api/v1/agents", "/api/v1/cluster", "/api/v1/overview", "/api/v1/nothing"} {
+		if code := anon.do(t, "GET", p, "", nil); code != 401 {
+			t.Errorf("%s without token: %d", p, code)
+		}
+	}
+	if code := anon.do(t, "PUT", "/api/v1/agents/x/config", `{"config":"x"}`, nil); code != 401 {
+		t.Errorf("unauthenticated write: %d", code)
+	}
+	if code := (client{base: anon.base, token: "myr_wrong"}).do(t, "GET", "/api/v1/agents", "", nil); code != 401 {
+		t.Errorf("wrong token: %d", code)
+	}
+
+	// One agent on each replica.
+	onB, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + b.OpAMPAddr().String() + "/v1/opamp", Secret: secret,
+		Attrs: map[string]string{"env": "prod"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onB.Stop(ctx)
+	onA, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + a.OpAMPAddr().String() + "/v1/opamp", Secret: secret,
+		Attrs: map[string]string{"env": "dev"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onA.Stop(ctx)
+
+	var list api.AgentList
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		list = api.AgentList{}
+		ca.do(t, "GET", "/api/v1/agents?status=online&selector=env%3Dprod", "", &list)
+		return len(list.Agents) == 1
+	}) {
+		t.Fatalf("agent list: %+v", list)
+	}
+	if list.Agents[0].InstanceUID != onB.UIDString() || list.Agents[0].ReplicaID != "replica-b" {
+		t.Fatalf("agent: %+v", list.Agents[0])
+	}
+	ca.do(t, "GET", "/api/v1/agents?replica=replica-a", "", &list)
+	if len(list.Agents) != 1 || list.Agents[0].InstanceUID != onA.UIDString() {
+		t.Fatalf("replica filter: %+v", list)
+	}
+	if code := ca.do(t, "GET", "/api/v1/agents?status=weird", "", nil); code != 400 {
+		t.Fatalf("bad filter: %d", code)
+	}
+
+	// Remote config set on replica A reaches the agent connected to B
+	// through NOTIFY (the reconcile interval is 10 minutes here).
+	if code := ca.do(t, "PUT", "/api/v1/agents/"+onB.UIDString()+"/config", `{"config":"receivers: {otlp: {}}\n"}`, nil); code != 202 {
+		t.Fatalf("set config: %d", code)
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool { return slices.Contains(onB.Configs(), "receivers: {otlp: {}}\n") }) {
+		t.Fatal("config did not reach the agent on the other replica")
+	}
+	var det api.AgentDetail
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		ca.do(t, "GET", "/api/v1/agents/"+onB.UIDString(), "", &det)
+		return det.Agent.RemoteConfigStatus == "applied" && len(det.Events) >= 3
+	}) {
+		t.Fatalf("status not tracked back: %+v", det.Agent)
+	}
+	if det.Agent.RemoteConfigHash != store.ConfigHash("receivers: {otlp: {}}\n") || det.Events[0].Kind != store.EventConfigApplied {
+		t.Fatalf("detail: %+v", det)
+	}
+	if code := ca.do(t, "PUT", "/api/v1/agents/nope/config", `{"config":"x"}`, nil); code != 404 {
+		t.Fatalf("unknown agent: %d", code)
+	}
+
+	// Cluster: two replicas, one leader with a term, the jobs ran.
+	var cl api.ClusterInfo
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		cl = api.ClusterInfo{}
+		ca.do(t, "GET", "/api/v1/cluster", "", &cl)
+		return len(cl.Replicas) == 2 && cl.Leader != nil && cl.Leader.Active && len(cl.JobRuns) == 2
+	}) {
+		t.Fatalf("cluster: %+v", cl)
+	}
+	if cl.Leader.Term < 1 || (cl.Leader.ID != "replica-a" && cl.Leader.ID != "replica-b") {
+		t.Fatalf("leader %+v", cl.Leader)
+	}
+
+	// Planned stop of B: exactly the spec's order; its agent is marked
+	// offline by the final flush.
+	if err := b.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{PhaseOpAMPClose, PhaseFinalFlush, PhaseHTTPDrain, PhaseLeaderRelease, PhaseClose}
+	if !slices.Equal(phases, want) {
+		t.Fatalf("stop phases %v, want %v", phases, want)
+	}
+	ca.do(t, "GET", "/api/v1/agents/"+onB.UIDString(), "", &det)
+	if det.Agent.Status != "offline" || det.Events[0].Detail != "replica stopped" {
+		t.Fatalf("after planned stop: %+v %+v", det.Agent, det.Events[0])
+	}
+	// A leads now (B released the lock on its way out).
+	if !fleettest.Eventually(30*time.Second, a.Elector.IsLeader) {
+		t.Fatal("A does not lead after B stopped")
+	}
+}
+
+func TestKilledReplicaLosesOnlyItsFlushAndTheSweeperCatchesUp(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	a := start(t, testConfig(t, pg.DSN(""), "replica-a", map[string]string{"agents.offlineAfter": "10s"}), nil)
+	defer a.Shutdown()
+	if !fleettest.Eventually(30*time.Second, a.Elector.IsLeader) {
+		t.Fatal("A does not lead")
+	}
+	k := start(t, testConfig(t, pg.DSN(""), "replica-k", nil), nil)
+	ag, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + k.OpAMPAddr().String() + "/v1/opamp", Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Stop(ctx)
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		x, err := a.Store.GetAgent(ctx, ag.UIDString())
+		return err == nil && x.Status == "online"
+	}) {
+		t.Fatal("agent not online")
+	}
+	k.Kill()
+	// The kill skipped the final flush: the row still says online ...
+	x, _ := a.Store.GetAgent(ctx, ag.UIDString())
+	if x.Status != "online" {
+		t.Fatalf("killed replica marked its agent: %+v", x)
+	}
+	// ... until the leader's offline sweeper marks it (agents.offlineAfter).
+	if !fleettest.Eventually(60*time.Second, func() bool {
+		x, _ = a.Store.GetAgent(ctx, ag.UIDString())
+		return x.Status == "offline"
+	}) {
+		t.Fatalf("sweeper did not mark the agent of the killed replica: %+v", x)
+	}
+	evs, _ := a.Store.Events(ctx, ag.UIDString(), 5)
+	if len(evs) == 0 || evs[0].Kind != store.EventMarkedOffline {
+		t.Fatalf("events %+v", evs)
+	}
+}
