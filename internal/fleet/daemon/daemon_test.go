@@ -32,7 +32,7 @@ func testConfig(t *testing.T, dsn, replica string, extra map[string]string) *con
 		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0",
 		"ha.leaderSessionTimeout": "10s", "ha.heartbeatInterval": "1s",
 		"server.lastSeenFlushInterval": "200ms", "server.shutdownTimeout": "10s",
-		"agents.reconcileInterval": "10m", // the notification path must do the work
+		"agents.reconcileInterval":  "10m", // the notification path must do the work
 		"jobs.offlineSweepInterval": "1s", "database.maxConns": "8",
 	}
 	for k, v := range extra {
