@@ -46,8 +46,18 @@ var migrations = []string{
 }
 
 // Open returns a store on pool after creating or migrating the schema. The
-// store does not close pool.
+// store does not close pool. The pool's sessions must not run with
+// synchronous_commit off: a lease write that PostgreSQL acknowledged and
+// then lost in a crash would let a fencing version be granted twice, so
+// Open refuses such a pool.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts Options) (lease.Store, error) {
+	var sc string
+	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	if sc == "off" {
+		return nil, errors.New("pgstore: synchronous_commit is off for this pool's sessions; lease writes must be durable when acknowledged (set it to on, e.g. as a connection runtime parameter)")
+	}
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
@@ -55,17 +65,26 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts Options) (lease.Store, e
 }
 
 // OpenDSN opens a pool on dsn and a store on it; closing the store closes
-// the pool.
+// the pool. The pool's sessions run with synchronous_commit on, whatever
+// the server default, so an acknowledged lease write survives a server
+// crash.
 func OpenDSN(ctx context.Context, dsn string, opts Options) (lease.Store, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	if err := Migrate(ctx, pool); err != nil {
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	s, err := Open(ctx, pool, opts)
+	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return rowstore.New(&backend{pool: pool, own: true}, opts.Clock), nil
+	s.(*rowstore.Store).Backend().(*backend).own = true
+	return s, nil
 }
 
 // Migrate creates or migrates the lease schema, one process at a time.

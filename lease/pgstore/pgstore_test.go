@@ -2,7 +2,10 @@ package pgstore
 
 import (
 	"context"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/lease"
@@ -26,4 +29,22 @@ func TestConformance(t *testing.T) {
 			}
 		},
 	})
+}
+
+func TestRefusesAsynchronousCommit(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pg.DSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := Open(ctx, pool, Options{}); err == nil || !strings.Contains(err.Error(), "synchronous_commit") {
+		t.Fatalf("Open on a pool with synchronous_commit off: %v", err)
+	}
 }

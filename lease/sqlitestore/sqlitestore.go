@@ -66,7 +66,7 @@ func dsn(path string, busy time.Duration) string {
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "synchronous(FULL)") // an acknowledged grant survives power loss, so versions are never reused
 	q.Set("_txlock", "immediate")
 	return "file:" + path + "?" + q.Encode()
 }

@@ -83,6 +83,9 @@ func New(b Backend, clock lease.Clock) *Store {
 	return &Store{b: b, clock: clock, obs: map[obsKey]observation{}, held: map[lease.Token]heldLease{}}
 }
 
+// Backend returns the backend.
+func (s *Store) Backend() Backend { return s.b }
+
 // Close closes the backend.
 func (s *Store) Close() error { return s.b.Close() }
 
