@@ -232,15 +232,21 @@ func (a *API) listAgents(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	agents, next, err := a.o.Store.ListAgents(r.Context(), f)
+	list, err := a.ListAgents(r.Context(), f)
 	if err != nil {
 		writeErr(w, http.StatusInternalServerError, err.Error())
 		return
 	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// ListAgents returns a page of agents (also used by the UI).
+func (a *API) ListAgents(ctx context.Context, f store.Filter) (AgentList, error) {
+	agents, next, err := a.o.Store.ListAgents(ctx, f)
 	if agents == nil {
 		agents = []store.Agent{}
 	}
-	writeJSON(w, http.StatusOK, AgentList{Agents: agents, Next: next})
+	return AgentList{Agents: agents, Next: next}, err
 }
 
 // AgentDetail is one agent with its newest events.

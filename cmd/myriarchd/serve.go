@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/cli"
+	"github.com/myriarch/myriarch/internal/fleet/config"
+	"github.com/myriarch/myriarch/internal/fleet/daemon"
+	"github.com/myriarch/myriarch/internal/fleet/ui"
+	"github.com/myriarch/myriarch/internal/pgtest"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = "dev"
+
+func init() {
+	commands.Register(cli.Command{
+		Name:    "serve",
+		Summary: "run a replica of the fleet control plane (default command; --dev for a private PostgreSQL)",
+		Run:     runServe,
+	})
+}
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgFile := fs.String("config", os.Getenv("MYRIARCH_CONFIG"), "YAML configuration file (env MYRIARCH_CONFIG)")
+	dev := fs.Bool("dev", false, "start a private PostgreSQL from the local installation (initdb/pg_ctl) and print the UI address and an admin token")
+	devDir := fs.String("dev-dir", filepath.Join(os.TempDir(), "myriarchd-dev-"+strconv.Itoa(os.Getuid())), "data directory of --dev (kept between runs)")
+	if err := fs.Parse(args); err != nil {
+		return cli.ExitUsage
+	}
+	src := config.Source{File: *cfgFile}
+	if *dev {
+		src.Optional = []string{"database.url", "server.enrollmentSecret"}
+	}
+	cfg, err := config.Load(src)
+	if err != nil {
+		fmt.Fprintln(stderr, "myriarchd: invalid configuration:")
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintln(stderr, "  "+line)
+		}
+		return cli.ExitUsage
+	}
+	log := newLogger(cfg, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	var pg *pgtest.Cluster
+	if *dev {
+		if pg, err = startDevPostgres(ctx, cfg, *devDir, log); err != nil {
+			fmt.Fprintln(stderr, "myriarchd --dev:", err)
+			return 1
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := pg.StopServer(sctx, "fast"); err != nil {
+				log.Error("stopping the dev PostgreSQL failed", "error", err)
+			}
+		}()
+	}
+
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	d, err := daemon.Start(sctx, daemon.Options{Config: cfg, Log: log, Version: version, Mount: ui.Mount})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(stderr, "myriarchd:", err)
+		return 1
+	}
+	if *dev {
+		tok, err := d.Store.CreateToken(context.Background(), "dev-admin")
+		if err != nil {
+			fmt.Fprintln(stderr, "myriarchd --dev: creating the admin token:", err)
+		}
+		fmt.Fprintf(stdout, "myriarchd (dev) is running\n  UI:           http://%s/ui/\n  admin token:  %s\n  OpAMP:        ws://%s%s (Authorization: Bearer %s)\n  PostgreSQL:   %s\n  data dir:     %s\nPress Ctrl-C to stop.\n",
+			displayAddr(d.HTTPAddr()), tok, displayAddr(d.OpAMPAddr()), cfg.Server.OpAMPPath, cfg.Server.EnrollmentSecret, pg.DSN(""), *devDir)
+	}
+	<-ctx.Done()
+	stop() // a second signal kills the process
+	log.Info("stopping (planned stop)")
+	if err := d.Shutdown(); err != nil {
+		log.Error("planned stop finished with errors", "error", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.Log.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if cfg.Log.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func displayAddr(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// startDevPostgres starts (creating on first use) the private cluster of
+// --dev in dir and points the configuration at it.
+func startDevPostgres(ctx context.Context, cfg *config.Config, dir string, log *slog.Logger) (*pgtest.Cluster, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	pg, err := pgtest.Start(ctx, pgtest.Options{Dir: filepath.Join(dir, "pg"), Log: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...)) }})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Database.URL == "" {
+		cfg.Database.URL = pg.DSN("")
+	}
+	if cfg.Server.EnrollmentSecret == "" {
+		secretFile := filepath.Join(dir, "enrollment-secret")
+		b, err := os.ReadFile(secretFile)
+		if errors.Is(err, os.ErrNotExist) {
+			var r [24]byte
+			_, _ = rand.Read(r[:])
+			b = []byte(base64.RawURLEncoding.EncodeToString(r[:]))
+			err = os.WriteFile(secretFile, b, 0o600)
+		}
+		if err != nil {
+			return nil, err
+		}
+		cfg.Server.EnrollmentSecret = strings.TrimSpace(string(b))
+	}
+	return pg, nil
+}
