@@ -14,6 +14,7 @@ import (
 	"io"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -237,8 +238,10 @@ func (l *Lab) pair(ctx context.Context, wrapA, wrapB []string, specA, specB Repl
 		b.kill()
 		return nil, nil, Event{}, err
 	}
-	// Let a write for a while and b settle into its follower loop.
-	time.Sleep(l.k.FollowerRetryMax)
+	// Let a write for a while and b settle into its follower loop; the
+	// random part makes the fault fall at a random point of b's retry
+	// cycle, so the handover times are a fair sample.
+	time.Sleep(l.k.FollowerRetryMax + rand.N(l.k.FollowerRetryMax))
 	if len(a.eventsSince("write", time.Time{})) == 0 {
 		a.kill()
 		b.kill()
