@@ -40,3 +40,9 @@ func TestHistoryRandomized(t *testing.T) {
 	srv := etcdtest.Start(t)
 	leasesim.Randomized(t, opener(srv), outage(srv), 3, 5*time.Second, 3)
 }
+
+func TestKillOwnerSubprocess(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	leasesim.KillSubprocess(t, opener(srv), childEndpointEnv+"="+srv.Endpoint)
+}
