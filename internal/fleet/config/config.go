@@ -114,7 +114,7 @@ func EnvName(key string) string {
 }
 
 func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(*Config) *time.Duration) Setting {
-	rule := fmt.Sprintf("must be a duration within [%v, %v]", lo, hi)
+	rule := fmt.Sprintf("must be a duration within [%s, %s]", fmtDur(lo), fmtDur(hi))
 	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil {
@@ -128,8 +128,23 @@ func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(
 	}}
 }
 
+// fmtDur prints a duration without zero trailing units (10m, not 10m0s).
+func fmtDur(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 func intSetting(key, def string, lo, hi int64, meaning string, dst func(*Config) *int64) Setting {
 	rule := fmt.Sprintf("must be an integer within [%d, %d]", lo, hi)
+	if lo == math.MinInt64 && hi == math.MaxInt64 {
+		rule = "must be a 64-bit integer"
+	}
 	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || n < lo || n > hi {
@@ -396,4 +411,22 @@ func flattenYAML(data []byte) (map[string]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// MarkdownTable renders the settings table of docs/configuration.md.
+func MarkdownTable() string {
+	var b strings.Builder
+	b.WriteString("| Key | Environment variable | Default | Accepted | Meaning |\n|---|---|---|---|---|\n")
+	for _, s := range Settings {
+		def := "`" + s.Default + "`"
+		if s.Default == "" {
+			def = "(empty)"
+		}
+		rule := s.Rule
+		if rule == "" {
+			rule = "any"
+		}
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s |\n", s.Key, s.Env(), def, rule, s.Meaning)
+	}
+	return b.String()
 }
