@@ -45,9 +45,40 @@ const (
 	ReasonStop = "stop"
 )
 
-// ErrStaleTerm is returned (wrapped) by fenced writes when this replica is
-// not the leader or its term is no longer the current one.
+// ErrStaleTerm matches (errors.Is) every *StaleTermError: fenced writes
+// return one when this replica is not the leader or its term is no longer
+// the current one.
 var ErrStaleTerm = errors.New("pgleader: stale term")
+
+// StaleTermError is the typed error of a rejected fenced write.
+type StaleTermError struct {
+	// Term is the term the write was fenced with (0: the replica did not
+	// lead). Current is the current term in the database when it was read
+	// (0: not read).
+	Term, Current int64
+	// Reason says why, e.g. "newer term", "lock no longer held".
+	Reason string
+	// Err is an underlying error (the end of leadership interrupted the
+	// transaction), if any.
+	Err error
+}
+
+func (e *StaleTermError) Error() string {
+	msg := fmt.Sprintf("pgleader: stale term %d: %s", e.Term, e.Reason)
+	if e.Current != 0 {
+		msg += fmt.Sprintf(" (current term %d)", e.Current)
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrStaleTerm) true.
+func (e *StaleTermError) Is(target error) bool { return target == ErrStaleTerm }
+
+// Unwrap returns the underlying error.
+func (e *StaleTermError) Unwrap() error { return e.Err }
 
 // Config configures an Elector. Only Pool is required.
 type Config struct {
@@ -242,13 +273,13 @@ var cancelledCtx = func() context.Context {
 // writes commit only while this replica's term is current and no new term
 // can start until the transaction ends. fn's context is cancelled when
 // leadership ends. Without leadership, or when the term is no longer
-// current, InTerm returns an error wrapping ErrStaleTerm and fn does not run
-// (or its transaction rolls back). The transaction ends itself when idle
+// current, InTerm returns a *StaleTermError (errors.Is(err, ErrStaleTerm))
+// and fn does not run (or its transaction rolls back). The transaction ends itself when idle
 // for longer than T/2.
 func (e *Elector) InTerm(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	lctx, term, ok := e.LeaderContext()
 	if !ok {
-		return fmt.Errorf("%w: replica %s does not lead", ErrStaleTerm, e.cfg.ID)
+		return &StaleTermError{Reason: "replica " + e.cfg.ID + " does not lead"}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -256,28 +287,28 @@ func (e *Elector) InTerm(ctx context.Context, fn func(ctx context.Context, tx pg
 	defer stop()
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
-		return e.fencedErr(lctx, err)
+		return e.fencedErr(lctx, term, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", e.k.ResignAfter.Milliseconds())); err != nil {
-		return e.fencedErr(lctx, err)
+		return e.fencedErr(lctx, term, err)
 	}
 	if err := e.fence(ctx, tx, term); err != nil {
-		return e.fencedErr(lctx, err)
+		return e.fencedErr(lctx, term, err)
 	}
 	if err := fn(ctx, tx); err != nil {
-		return e.fencedErr(lctx, err)
+		return e.fencedErr(lctx, term, err)
 	}
-	return e.fencedErr(lctx, tx.Commit(ctx))
+	return e.fencedErr(lctx, term, tx.Commit(ctx))
 }
 
 // fencedErr turns a failure caused by the end of leadership into ErrStaleTerm.
-func (e *Elector) fencedErr(lctx context.Context, err error) error {
+func (e *Elector) fencedErr(lctx context.Context, term int64, err error) error {
 	if err == nil || errors.Is(err, ErrStaleTerm) {
 		return err
 	}
 	if lctx.Err() != nil {
-		return fmt.Errorf("%w: leadership ended: %v", ErrStaleTerm, err)
+		return &StaleTermError{Term: term, Reason: "leadership ended", Err: err}
 	}
 	return err
 }
@@ -288,7 +319,7 @@ func (e *Elector) fencedErr(lctx context.Context, err error) error {
 func (e *Elector) Fence(ctx context.Context, tx pgx.Tx) error {
 	_, term, ok := e.LeaderContext()
 	if !ok {
-		return fmt.Errorf("%w: replica %s does not lead", ErrStaleTerm, e.cfg.ID)
+		return &StaleTermError{Reason: "replica " + e.cfg.ID + " does not lead"}
 	}
 	return e.fence(ctx, tx, term)
 }

@@ -202,7 +202,8 @@ func TestElectionFencingAndPlannedStop(t *testing.T) {
 	}
 	// A transaction fenced by the old term is rejected by the database.
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return CheckTerm(ctx, tx, DefaultLockKey, termA) })
-	if !errors.Is(err, ErrStaleTerm) {
+	var ste *StaleTermError
+	if !errors.Is(err, ErrStaleTerm) || !errors.As(err, &ste) || ste.Term != termA || ste.Current != b.e.Term() {
 		t.Fatalf("CheckTerm old term: %v", err)
 	}
 	if got := testutil.ToFloat64(a.e.m.resignations.WithLabelValues(ReasonStop)); got != 1 {

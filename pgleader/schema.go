@@ -64,24 +64,24 @@ const lockKeyWhere = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 // CheckTerm verifies inside tx that term is the current term of lockKey and
 // that the lock session that started it still holds the lock. It locks the
 // term row FOR SHARE until tx ends, so a new leader cannot start a new term
-// before tx has committed or rolled back. It returns an error wrapping
-// ErrStaleTerm when the term is no longer current.
+// before tx has committed or rolled back. It returns a *StaleTermError
+// (errors.Is(err, ErrStaleTerm)) when the term is no longer current.
 func CheckTerm(ctx context.Context, tx pgx.Tx, lockKey, term int64) error {
 	var cur int64
 	var held bool
 	err := tx.QueryRow(ctx, `SELECT t.term, EXISTS (SELECT 1 FROM pg_locks l WHERE `+lockKeyWhere+` AND l.pid = t.lock_pid)
 		FROM `+TermTable+` t WHERE t.lock_key = $1 FOR SHARE OF t`, lockKey).Scan(&cur, &held)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: no term recorded for lock key %d", ErrStaleTerm, lockKey)
+		return &StaleTermError{Term: term, Reason: fmt.Sprintf("no term recorded for lock key %d", lockKey)}
 	}
 	if err != nil {
 		return err
 	}
 	if cur != term {
-		return fmt.Errorf("%w: term %d, current term %d", ErrStaleTerm, term, cur)
+		return &StaleTermError{Term: term, Current: cur, Reason: "a newer term started"}
 	}
 	if !held {
-		return fmt.Errorf("%w: term %d: its lock session no longer holds lock %d", ErrStaleTerm, term, lockKey)
+		return &StaleTermError{Term: term, Current: cur, Reason: fmt.Sprintf("its lock session no longer holds lock %d", lockKey)}
 	}
 	return nil
 }
