@@ -94,13 +94,21 @@ func waitEvent(t testing.TB, r *run, kind lease.EventKind, limit time.Duration) 
 	}
 }
 
+// cadence is the fast cadence with a TTL long enough that a stalled,
+// overloaded test machine does not cost the owner its lease.
+func cadence() failover.Cadence {
+	c := leasesim.FastCadence()
+	c.LeaseTTL = 3 * time.Second
+	return c
+}
+
 func owns(r *run) bool { o := r.m.Ownership(); return o != nil && o.Valid() }
 
 func TestAcquireRenewShutdownRelease(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "l.db")
 	reg := prometheus.NewRegistry()
-	c := leasesim.FastCadence()
+	c := cadence()
 	var closed atomic.Int32
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Endpoint: "a:1", Cadence: c,
 		Registerer: reg, CloseSource: func(context.Context) error { closed.Add(1); return nil },
@@ -172,7 +180,7 @@ func mustGauge(t testing.TB, reg *prometheus.Registry, name string) prometheus.C
 func TestBrokerPathStepDownIsTerminal(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "l.db")
-	c := leasesim.FastCadence()
+	c := cadence()
 	var closed atomic.Int32
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c,
 		BrokerHealthStepDown: 300 * time.Millisecond,
@@ -282,7 +290,7 @@ func TestEventsNeverBlock(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "l.db")
 	reg := prometheus.NewRegistry()
-	c := leasesim.FastCadence()
+	c := cadence()
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c, EventBuffer: 1, Registerer: reg})
 	waitFor(t, 10*time.Second, "several renews with nobody reading events", func() bool {
 		mfs, _ := reg.Gather()
