@@ -336,3 +336,33 @@ func TestSharedRegisterer(t *testing.T) {
 		}
 	}
 }
+
+// The broker-path failover of an admitted cadence, measured from the
+// transport reporting the path lost to the standby owning, stays within
+// failover.BrokerPathBudget.
+func TestBrokerPathFailoverWithinBudget(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := leasesim.TestCadence(t)
+	const threshold = 500 * time.Millisecond
+	budget, err := failover.BrokerPathBudget(c, threshold, leasesim.TestActivation, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c,
+		BrokerHealthStepDown: threshold, OnOwner: func(own *lease.Ownership) { <-own.Stopping() }})
+	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c})
+	time.Sleep(2 * c.AcquirePollInterval)
+	lost := time.Now()
+	a.m.ReportBrokerPath(false)
+	waitFor(t, budget.Total+10*time.Second, "standby owns after the broker-path step-down", func() bool { return owns(b) })
+	took := time.Since(lost)
+	if took > budget.Total {
+		t.Fatalf("standby owned %v after the broker path was lost; broker-path budget %v", took, budget)
+	}
+	if err := a.wait(t, time.Second); !errors.Is(err, lease.ErrBrokerPathStepDown) {
+		t.Fatalf("Run = %v", err)
+	}
+	t.Logf("broker-path failover: standby owned %v after the path was lost (budget %v)", took.Round(time.Millisecond), budget.Total)
+}
