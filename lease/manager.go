@@ -48,7 +48,7 @@ type Config struct {
 	// Registerer receives the lease metrics; nil registers none. Managers
 	// on one Registerer share the collectors.
 	Registerer prometheus.Registerer
-	// EventBuffer is the capacity of the Events channel; 0 means 64.
+	// EventBuffer is the capacity of the Events channel; 0 means 16.
 	// A full channel drops events; it never blocks the manager.
 	EventBuffer int
 	// Clock is the manager's monotonic clock; nil means SystemClock.
@@ -172,7 +172,7 @@ func New(cfg Config) (*Manager, error) {
 	m.log = m.log.With("session", cfg.Session, "owner", m.owner)
 	n := cfg.EventBuffer
 	if n <= 0 {
-		n = 64
+		n = 16
 	}
 	m.events = make(chan Event, n)
 	met, err := newMetrics(cfg.Registerer)

@@ -105,7 +105,10 @@ func BenchStore(b *testing.B, open func(b *testing.B) lease.Store) {
 // dur, first as owners of all n and then with n standbys (another
 // instance in the same process) polling against them, and reports this
 // process's CPU (user+system, in cores) and memory.
-func BenchSessions(b *testing.B, open func(b *testing.B) lease.Store, n int, c failover.Cadence, dur time.Duration) {
+//
+// serverCPU, if not nil, reads the CPU time the store's server has used so
+// far; its share is reported too.
+func BenchSessions(b *testing.B, open func(b *testing.B) lease.Store, n int, c failover.Cadence, dur time.Duration, serverCPU func() time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -129,10 +132,19 @@ func BenchSessions(b *testing.B, open func(b *testing.B) lease.Store, n int, c f
 		var ms0 runtime.MemStats
 		runtime.ReadMemStats(&ms0)
 		ru0 := rusage()
+		var srv0 time.Duration
+		if serverCPU != nil {
+			srv0 = serverCPU()
+		}
 		t0 := time.Now()
 		time.Sleep(dur)
 		cpu := rusage() - ru0
 		wall := time.Since(t0)
+		if serverCPU != nil {
+			srv := serverCPU() - srv0
+			b.Logf("%s: store server CPU %.3f cores", label, srv.Seconds()/wall.Seconds())
+			b.ReportMetric(srv.Seconds()/wall.Seconds(), label+"-server-cpu-cores")
+		}
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		b.Logf("%s: %d sessions, %d owned, over %v: CPU %.3f cores (%.1f µs CPU per session-second), heap in use %.1f MiB, sys %.1f MiB, goroutines %d",
