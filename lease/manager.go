@@ -453,15 +453,18 @@ func (m *Manager) stepDown(o *Ownership, workDone <-chan struct{}, reason string
 		}
 		cancel()
 	}
-	// Phase 2: settlement grace.
-	grace := c.StepDownGrace
+	// Phase 2: settlement grace. A tenure that is still valid gives the
+	// work up to step_down_grace to settle, cut short by the local
+	// deadline; a lost one only waits (bounded) for the cancelled work to
+	// return.
+	grace, deadline := c.StepDownGrace, o.Context().Done()
 	if lost {
-		grace = phase
+		grace, deadline = phase, nil
 	}
 	t := time.NewTimer(grace)
 	select {
 	case <-workDone:
-	case <-o.Context().Done():
+	case <-deadline:
 	case <-t.C:
 	}
 	t.Stop()
