@@ -135,6 +135,9 @@ type Elector struct {
 	lockPID   atomic.Int32
 	lastTerm  atomic.Int64
 	electedCh chan struct{} // closed and replaced on every election
+	// confirmTimeout is the timeout of one confirmation, T/3; tests raise
+	// it to show that the watchdog alone ends the leadership.
+	confirmTimeout time.Duration
 
 	mu         sync.Mutex
 	leader     bool
@@ -189,6 +192,8 @@ func New(cfg Config) (*Elector, error) {
 		base:      base.Copy(),
 		termLost:  make(chan int64, 1),
 		electedCh: make(chan struct{}),
+
+		confirmTimeout: k.ConfirmTimeout,
 	}
 	if ownDialer {
 		// The client side of the dedicated sessions notices a silent server
@@ -449,12 +454,17 @@ type session struct {
 	pid  uint32
 }
 
-// hardClose closes the socket without waiting for the server; the server
-// sees a FIN (or nothing when the network is gone) and releases the lock.
-func (s *session) hardClose() {
+// closeSocket closes the socket under the driver (safe while a query runs).
+func (s *session) closeSocket() {
 	if c := s.conn.PgConn().Conn(); c != nil {
 		_ = c.Close()
 	}
+}
+
+// hardClose closes the socket without waiting for the server; the server
+// sees a FIN (or nothing when the network is gone) and releases the lock.
+func (s *session) hardClose() {
+	s.closeSocket()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	_ = s.conn.Close(ctx)
@@ -566,7 +576,7 @@ func (e *Elector) startTerm(ctx context.Context, s *session) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.conn.Exec(qctx, registryUpsertSelf, e.cfg.ID, e.cfg.Host, e.cfg.Version, e.started, true); err != nil {
+	if _, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true); err != nil {
 		return 0, err
 	}
 	e.mu.Lock()
@@ -755,21 +765,39 @@ loop:
 	tcancel()
 	confirmStop()
 	if inflight {
-		<-results
+		s.awaitConfirm(results)
 	}
 	s.hardClose()
 	e.lockPID.Store(0)
 	return ctx.Err() != nil
 }
 
+// awaitConfirm waits for the confirmation in flight after its context was
+// cancelled. Should the driver not return within a second (the watchdog
+// exists for drivers that hang), the socket is closed under it.
+func (s *session) awaitConfirm(results <-chan confirmResult) {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-results:
+	case <-t.C:
+		s.closeSocket()
+		<-results
+	}
+}
+
+// confirmSQL refreshes the leader's registry heartbeat through the lock
+// session. It never waits for a row lock (SKIP LOCKED): a row locked by
+// someone else is left alone, and the answer still confirms the session.
+const confirmSQL = `WITH r AS (SELECT id FROM ` + RegistryTable + ` WHERE id = $1 FOR UPDATE SKIP LOCKED)
+	UPDATE ` + RegistryTable + ` t SET last_heartbeat = now(), is_leader = $2, lock_pid = CASE WHEN $2 THEN pg_backend_pid() END
+	FROM r WHERE t.id = r.id`
+
 func (e *Elector) confirm(ctx context.Context, s *session) confirmResult {
 	sent := time.Now()
-	qctx, cancel := context.WithTimeout(ctx, e.k.ConfirmTimeout)
+	qctx, cancel := context.WithTimeout(ctx, e.confirmTimeout)
 	defer cancel()
-	tag, err := s.conn.Exec(qctx, `UPDATE `+RegistryTable+` SET last_heartbeat = now(), is_leader = true, lock_pid = pg_backend_pid() WHERE id = $1`, e.cfg.ID)
-	if err == nil && tag.RowsAffected() == 0 {
-		_, err = s.conn.Exec(qctx, registryUpsertSelf, e.cfg.ID, e.cfg.Host, e.cfg.Version, e.started, true)
-	}
+	_, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true)
 	return confirmResult{sent: sent, err: err}
 }
 
@@ -784,7 +812,7 @@ func (e *Elector) release(s *session, confirmStop context.CancelFunc, inflight b
 		case <-results:
 		case <-t.C:
 			confirmStop()
-			<-results
+			s.awaitConfirm(results)
 		}
 		t.Stop()
 	}
@@ -794,7 +822,7 @@ func (e *Elector) release(s *session, confirmStop context.CancelFunc, inflight b
 		s.hardClose()
 		return
 	}
-	_, _ = s.conn.Exec(ctx, `UPDATE `+RegistryTable+` SET is_leader = false, lock_pid = NULL, last_heartbeat = now() WHERE id = $1`, e.cfg.ID)
+	_, _ = s.conn.Exec(ctx, confirmSQL, e.cfg.ID, false)
 	if err := s.conn.Close(ctx); err != nil {
 		s.hardClose()
 	}

@@ -502,3 +502,53 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("InTerm before Run: %v", err)
 	}
 }
+
+// The lock session's connection freezes (a proxy stops forwarding without
+// FIN) and the confirmation never times out by itself: the watchdog on
+// the time of the last answer still ends the leadership at T/2, and the
+// follower leads within T.
+func TestWatchdogResignsWithoutQueryTimeout(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	proxy, err := pgtest.NewProxy(net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	scfg, err := pgx.ParseConfig("postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var demotedAt atomic.Int64
+	var reason atomic.Value
+	e, err := New(Config{Pool: pool, SessionConfig: scfg, LeaderSessionTimeout: testT, ID: "a", Logger: testLogger(t),
+		OnDemoted: func(_ int64, r string) { demotedAt.Store(time.Now().UnixNano()); reason.Store(r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.confirmTimeout = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "a leads", 20*time.Second, e.IsLeader)
+	b := startReplica(t, pool, "b", nil)
+
+	frozen := time.Now()
+	proxy.Freeze()
+	k := e.Keepalive()
+	took := waitFor(t, "b leads", k.T, b.e.IsLeader)
+	if demotedAt.Load() == 0 {
+		t.Fatal("a was not demoted")
+	}
+	if got := time.Unix(0, demotedAt.Load()).Sub(frozen); got > k.ResignAfter+500*time.Millisecond {
+		t.Errorf("a resigned %v after the freeze, want at most T/2 = %v", got, k.ResignAfter)
+	}
+	if r, _ := reason.Load().(string); r != ReasonConfirmTimeout {
+		t.Errorf("reason %q", r)
+	}
+	if e.IsLeader() {
+		t.Error("a still reports leadership")
+	}
+	t.Logf("b leads %v after the freeze", took)
+}
