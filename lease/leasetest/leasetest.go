@@ -82,6 +82,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("CorruptRowFailsClosed", func(t *testing.T) { t.Parallel(); testCorrupt(t, h) })
 	t.Run("ClockSkewNeverTakesOverEarly", func(t *testing.T) { t.Parallel(); testSkew(t, h) })
 	t.Run("CurrentReportsRow", func(t *testing.T) { t.Parallel(); testCurrent(t, h) })
+	t.Run("CallsHonourTheirContext", func(t *testing.T) { t.Parallel(); testContext(t, h) })
 }
 
 func claim(id, owner string) lease.Claim {
@@ -503,5 +504,31 @@ func testCurrent(t *testing.T, h Harness) {
 	}
 	if rec.Owner != "A" || rec.Version != tok.Version || rec.Endpoint != "A:7000" || rec.RequiredWait() != TTL {
 		t.Fatalf("Current = %+v; want owner A v%d endpoint A:7000 and required wait %v", rec, tok.Version, TTL)
+	}
+}
+
+// testContext: a call whose context has ended fails and changes nothing,
+// which is what lets one renew_call_timeout bound a whole Acquire.
+func testContext(t *testing.T, h Harness) {
+	a := open(t, h, nil)
+	id := UniqueID(t)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	if tok, err := a.Acquire(ctx, claim(id, "A")); err == nil {
+		t.Fatalf("Acquire with an expired context granted %v", tok)
+	}
+	rec, err := a.Current(ctxT(t), id)
+	if err != nil || rec.Held() {
+		t.Fatalf("after a timed-out Acquire: Current = %+v, %v; want no owner", rec, err)
+	}
+	tok := mustAcquire(t, a, claim(id, "A"))
+	if err := a.Renew(ctx, id, tok, TTL); err == nil {
+		t.Fatal("Renew with an expired context succeeded")
+	}
+	if err := a.Release(ctx, id, tok); err == nil {
+		t.Fatal("Release with an expired context succeeded")
+	}
+	if rec, err := a.Current(ctxT(t), id); err != nil || rec.Owner != "A" || rec.Version != tok.Version {
+		t.Fatalf("after timed-out calls: Current = %+v, %v; want A v%d", rec, err, tok.Version)
 	}
 }
