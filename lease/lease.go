@@ -150,7 +150,9 @@ type Store interface {
 	// already held by c.Owner, or held by another owner that standbys have
 	// observed silent for its required wait; the grant carries a new,
 	// higher fencing version. Otherwise it records this call's observation
-	// and returns an error wrapping ErrHeld.
+	// and returns an error wrapping ErrHeld (a *HeldError), which is also
+	// what a call that lost a compare-and-set race to another writer
+	// returns: contention, to be retried at the next poll.
 	Acquire(ctx context.Context, c Claim) (Token, error)
 	// Renew extends the lease of tok by ttl and resets the observation.
 	// A stale or foreign token gets ErrLost; a lease whose local deadline
