@@ -48,7 +48,8 @@ func SetupNetns(ctx context.Context) (*Netns, error) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoNetns, err)
 	}
-	p := fmt.Sprintf("mlab%d", os.Getpid()%100000)
+	removeLeftovers(ctx)
+	p := fmt.Sprintf("mlab%d", os.Getpid())
 	n := &Netns{DB: p + "db", Leader: p + "ld", Follower: p + "fw"}
 	for _, ns := range []string{n.DB, n.Leader, n.Follower} {
 		_ = ipCmd(ctx, "netns", "del", ns) // leftover of a killed run
@@ -151,4 +152,31 @@ func LastReceived(ctx context.Context, ns string, lport, rport int) (time.Time, 
 		return time.Time{}, fmt.Errorf("ss: no socket %d→%d (or no lastrcv/lastack) in %q", lport, rport, out)
 	}
 	return now.Add(-time.Duration(ms) * time.Millisecond), nil
+}
+
+var leftover = regexp.MustCompile(`^mlab(\d+)(db|ld|fw)$`)
+
+// removeLeftovers deletes namespaces of earlier runs whose process is gone
+// (a run killed before its cleanup).
+func removeLeftovers(ctx context.Context) {
+	out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		m := leftover.FindStringSubmatch(f[0])
+		if m == nil {
+			continue
+		}
+		if pid, _ := strconv.Atoi(m[1]); pid == os.Getpid() {
+			continue
+		} else if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue
+		}
+		_ = ipCmd(ctx, "netns", "del", f[0])
+	}
 }
