@@ -88,6 +88,7 @@ type agentConn struct {
 
 	mu           sync.Mutex
 	uid          string
+	caps         uint64
 	healthy      *bool
 	reportedHash string
 	sentHash     string
@@ -97,6 +98,7 @@ type httpAgent struct {
 	mu       sync.Mutex
 	dirty    bool // desired config may have changed
 	sentHash string
+	caps     uint64
 	healthy  *bool
 	reported string
 }
@@ -339,14 +341,15 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 		return resp
 	}
 	s.o.Batcher.Touch(uid, ac.connID, now)
-	st, rcs := s.state(uid, msg, now, &ac.healthy)
+	st, rcs := s.state(uid, msg, now, &ac.healthy, &ac.caps)
 	if err := s.o.Store.UpdateState(ctx, uid, ac.connID, st); err != nil {
 		s.log.Warn("storing agent state failed", "agent", uid, "error", err)
 	}
 	if rcs != nil {
 		ac.reportedHash = hex.EncodeToString(rcs.LastRemoteConfigHash)
 	}
-	if first || ac.sentHash == "" {
+	if first {
+		// Later changes arrive through Push (event bus) and Reconcile.
 		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
 		if err == nil {
 			if want, ok := d[uid]; ok && want.Hash != ac.reportedHash && want.Hash != ac.sentHash {
@@ -383,7 +386,7 @@ func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, ms
 		}
 	}
 	s.o.Batcher.Touch(uid, HTTPConnID, now)
-	st, rcs := s.state(uid, msg, now, &ha.healthy)
+	st, rcs := s.state(uid, msg, now, &ha.healthy, &ha.caps)
 	if err := s.o.Store.UpdateState(ctx, uid, HTTPConnID, st); err != nil {
 		s.log.Warn("storing agent state failed", "agent", uid, "error", err)
 	}
@@ -415,15 +418,19 @@ func remoteConfig(d store.Desired) *protobufs.AgentRemoteConfig {
 }
 
 // state turns the reported parts of msg into a store update and events.
-func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, healthy **bool) (store.State, *protobufs.RemoteConfigStatus) {
+// healthy and caps hold what was last stored for this connection, so that
+// a message that repeats them (opamp-go repeats the capabilities) costs no
+// write.
+func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, healthy **bool, caps *uint64) (store.State, *protobufs.RemoteConfigStatus) {
 	var st store.State
 	if d := msg.AgentDescription; d != nil {
 		st.Identifying = attrs(d.IdentifyingAttributes)
 		st.NonIdentifying = attrs(d.NonIdentifyingAttributes)
 	}
-	if msg.Capabilities != 0 {
+	if msg.Capabilities != 0 && msg.Capabilities != *caps {
 		c := msg.Capabilities
 		st.Capabilities = &c
+		*caps = c
 	}
 	if h := msg.Health; h != nil {
 		v := h.Healthy
