@@ -8,7 +8,7 @@
 // (ha.leaderSessionTimeout, see failover.DeriveLeaderKeepalive):
 //
 //   - The lock session (and the LISTEN/NOTIFY listener session opened with
-//     Elector.ConnectSession) send tcp_keepalives_idle, _interval, _count
+//     Elector.Listen or Elector.ConnectSession) send tcp_keepalives_idle, _interval, _count
 //     and tcp_user_timeout in the startup packet, so that PostgreSQL drops
 //     a silent session between D − I and D after the last packet it
 //     received. Ordinary pooled connections keep the server defaults. A
@@ -28,10 +28,24 @@
 // and end its lock session by pid when it is older than T. A frozen leader
 // that wakes up must not act on its old term: every write of a leader job
 // goes through Elector.InTerm (or Elector.Fence in a caller's
-// transaction), which locks the term row FOR SHARE and fails with
-// ErrStaleTerm unless the term is still current and its lock session still
-// holds the lock. A new leader increments the term under an exclusive row
-// lock, so fenced writes of two terms never interleave.
+// transaction), which locks the term row FOR SHARE and fails with a
+// *StaleTermError (errors.Is(err, ErrStaleTerm)) unless the term is still
+// current and its lock session still holds the lock. A new leader
+// increments the term under an exclusive row lock, so fenced writes of two
+// terms never interleave; fenced transactions of the old term that block it
+// for longer than 300 ms are ended.
+//
+// Elector.Listen keeps the LISTEN/NOTIFY listener session. The registry
+// (Elector.Replicas, ReadReplicas, PruneReplicas) shows every replica with
+// its heartbeat, marks stale rows and tells which one holds the lock.
+// Metrics go to Config.Registerer: myriarch_leader, myriarch_leader_term,
+// myriarch_leader_elections_total, myriarch_leader_resignations_total
+// {reason} and myriarch_leader_stale_sessions_ended_total.
+//
+// The bounds of each kind of failure are HardFailureBound (T),
+// FrozenLeaderBound, CleanCloseBound and PlannedStopBound; the operators'
+// page is docs/leader-election.md, the measurements come from
+// `myriarchd failover-lab`.
 //
 // Tables (created by EnsureSchema, which Run calls):
 //
