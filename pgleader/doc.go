@@ -23,7 +23,7 @@
 //     lock session within 4 seconds.
 //
 // Beyond the keepalive bound, which needs a peer that has gone silent, a
-// leader process that is frozen (SIGSTOP, VM pause) keeps its connection
+// leader process that is frozen (SIGSTOP, a long pause) keeps its connection
 // alive. Followers therefore read the registry heartbeat of the lock holder
 // and end its lock session by pid when it is older than T. A frozen leader
 // that wakes up must not act on its old term: every write of a leader job
