@@ -21,12 +21,12 @@ func TestJitterBounds(t *testing.T) {
 		if p < c.MinJitteredPoll() || p > c.MaxJitteredPoll() {
 			t.Fatalf("poll delay %v outside [%v, %v]", p, c.MinJitteredPoll(), c.MaxJitteredPoll())
 		}
-		far := time.Now().Add(time.Hour)
+		far := m.clock.Now().Add(time.Hour)
 		r := m.renewDelay(far)
 		if r < c.RenewInterval-c.LeaseRenewJitter/2 || r >= c.RenewInterval+c.LeaseRenewJitter/2 {
 			t.Fatalf("renew delay %v outside interval ± J/2", r)
 		}
-		near := time.Now().Add(2 * time.Second)
+		near := m.clock.Now().Add(2 * time.Second)
 		if r := m.renewDelay(near); r > 2*time.Second {
 			t.Fatalf("renew delay %v past the local deadline", r)
 		}
@@ -41,5 +41,14 @@ func TestLocalDeadlineMargin(t *testing.T) {
 	// The margin covers the documented clock-rate error on both sides.
 	if (1-DeadlineMargin)/(1-MaxClockRateError) >= 1/(1+MaxClockRateError) {
 		t.Fatal("DeadlineMargin does not cover MaxClockRateError")
+	}
+}
+
+func TestBootClockAdvances(t *testing.T) {
+	c := defaultOwnerClock()
+	a := c.Now()
+	time.Sleep(20 * time.Millisecond)
+	if d := c.Now().Sub(a); d < 20*time.Millisecond || d > 10*time.Second {
+		t.Fatalf("owner clock advanced %v over a 20ms sleep", d)
 	}
 }

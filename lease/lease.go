@@ -62,7 +62,10 @@
 // after it, so the owner always stops first. Wall clock
 // offsets (any size) play no part. The store's required wait stays the TTL
 // itself, so the owner-death budget formula is unchanged; only the owner
-// gives up 5 % of its lease.
+// gives up 5 % of its lease. On Linux the owner's deadline runs on
+// [BootClock] (CLOCK_BOOTTIME), which counts host suspend; standbys measure
+// on the monotonic clock, which does not, so a suspend only ever delays a
+// takeover or ends a tenure early.
 package lease
 
 import (

@@ -51,7 +51,9 @@ type Config struct {
 	// EventBuffer is the capacity of the Events channel; 0 means 16.
 	// A full channel drops events; it never blocks the manager.
 	EventBuffer int
-	// Clock is the manager's monotonic clock; nil means SystemClock.
+	// Clock is the clock of the owner's local deadline; nil means
+	// BootClock on Linux (it counts host suspend) and SystemClock
+	// elsewhere.
 	Clock Clock
 }
 
@@ -164,7 +166,7 @@ func New(cfg Config) (*Manager, error) {
 		m.owner = OwnerID(cfg.InstanceID)
 	}
 	if m.clock == nil {
-		m.clock = SystemClock{}
+		m.clock = defaultOwnerClock()
 	}
 	if m.log == nil {
 		m.log = slog.Default()

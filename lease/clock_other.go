@@ -1,0 +1,5 @@
+//go:build !linux
+
+package lease
+
+func defaultOwnerClock() Clock { return SystemClock{} }
