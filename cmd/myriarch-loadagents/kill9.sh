@@ -13,6 +13,7 @@
 set -euo pipefail
 N=${1:-10000}
 W=$(mktemp -d /tmp/myriarch-kill9-XXXX)
+chmod 755 "$W" # the PostgreSQL of --dev runs as the postgres user when we are root
 cd "$(dirname "$0")/../.."
 go build -o "$W/myriarchd" ./cmd/myriarchd
 go build -o "$W/loadagents" ./cmd/myriarch-loadagents

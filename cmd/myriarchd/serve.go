@@ -129,8 +129,12 @@ func startDevPostgres(ctx context.Context, cfg *config.Config, dir string, log *
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
+	_ = os.Chmod(dir, 0o755) // as root, PostgreSQL runs as the postgres user and must reach dir/pg
 	pg, err := pgtest.Start(ctx, pgtest.Options{Dir: filepath.Join(dir, "pg"), Log: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...)) }})
 	if err != nil {
+		if os.Geteuid() == 0 {
+			err = fmt.Errorf("%w\n(as root, PostgreSQL runs as the postgres user: every parent directory of --dev-dir %s must be searchable by it)", err, dir)
+		}
 		return nil, err
 	}
 	if cfg.Database.URL == "" {
