@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/bridge/embroker"
+)
+
+// broker starts mosquitto on a free port: mochi-mqtt v2.7.9 deadlocks on
+// its in-flight lock when a publisher outruns a subscriber at full speed,
+// so the throughput figures need a broker that survives overload. DESIGN's
+// settings for comparisons apply (in-flight and queue limits raised,
+// TCP_NODELAY).
+func broker(b *testing.B) string {
+	b.Helper()
+	exe, err := exec.LookPath("mosquitto")
+	if err != nil {
+		exe = "/usr/sbin/mosquitto"
+		if _, err := os.Stat(exe); err != nil {
+			b.Skip("mosquitto is not installed (apt-get install -y mosquitto)")
+		}
+	}
+	addr, err := embroker.FreePort()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	dir := b.TempDir()
+	conf := filepath.Join(dir, "mosquitto.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`listener %s 127.0.0.1
+allow_anonymous true
+persistence false
+max_inflight_messages 1000
+max_queued_messages 1000000
+set_tcp_nodelay true
+log_dest none
+`, port)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-c", conf)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i > 200 {
+			b.Fatal("mosquitto did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return "tcp://" + addr
+}
