@@ -5,6 +5,7 @@ package fleettest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,8 @@ type AgentOptions struct {
 	FailConfig bool
 	// UID; zero picks a random one.
 	UID types.InstanceUid
+	// TLS for wss:// and https:// URLs.
+	TLS *tls.Config
 }
 
 // Agent is a running opamp-go client that applies remote configs.
@@ -89,6 +92,7 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 		OpAMPServerURL: o.URL,
 		Header:         http.Header{"Authorization": []string{"Bearer " + o.Secret}},
 		InstanceUid:    a.UID,
+		TLSConfig:      o.TLS,
 		Callbacks: types.Callbacks{
 			OnConnect:       func(context.Context) { a.connected.Add(1) },
 			OnConnectFailed: func(context.Context, error) { a.connectErr.Add(1) },

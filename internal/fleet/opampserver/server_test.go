@@ -2,6 +2,14 @@ package opampserver
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -185,5 +193,74 @@ func TestStopClosesConnectionsAndFinalFlushMarksOffline(t *testing.T) {
 	evs, _ := st.Events(ctx, agents[0].UIDString(), 10)
 	if len(evs) == 0 || evs[0].Kind != store.EventDisconnected || evs[0].Detail != "replica stopped" {
 		t.Fatalf("events: %+v", evs)
+	}
+}
+
+func selfSigned(t *testing.T) (*tls.Config, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "myriarchd"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, pool
+}
+
+// TLS on the OpAMP listener, and the reconcile as the safety net for a
+// change whose notification was lost.
+func TestTLSAndReconcileDeliversALostChange(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srvTLS, pool := selfSigned(t)
+	b := lastseen.New(st, time.Hour, nil, nil)
+	srv := New(Options{Store: st, Batcher: b, ReplicaID: "r", Nonce: "n", Secret: secret})
+	if err := srv.Start("127.0.0.1:0", "/v1/opamp", srvTLS); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		srv.Stop(sctx)
+	}()
+	ag, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "wss://" + srv.Addr().String() + "/v1/opamp", Secret: secret,
+		TLS: &tls.Config{RootCAs: pool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Stop(ctx)
+	agentIs(t, st, ag.UIDString(), func(a store.Agent) bool { return a.Status == "online" })
+	// Change the desired config behind the bus's back (no NOTIFY, no Push).
+	if _, err := st.Pool.Exec(ctx, `UPDATE agents SET desired_config = 'lost: notification', desired_config_hash = $2 WHERE instance_uid = $1`,
+		ag.UIDString(), store.ConfigHash("lost: notification")); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	agentIs(t, st, ag.UIDString(), func(a store.Agent) bool {
+		return a.RemoteConfigStatus == "applied" && a.EffectiveConfig == "lost: notification"
+	})
+	// A second reconcile does not send it again.
+	n := len(ag.Configs())
+	if err := srv.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if len(ag.Configs()) != n {
+		t.Fatalf("config resent: %v", ag.Configs())
 	}
 }
