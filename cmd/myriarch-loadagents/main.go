@@ -347,6 +347,7 @@ func runWait(ctx context.Context, args []string) error {
 	n := fs.Int64("agents", 0, "agents expected")
 	replica := fs.String("replica", "", "replica expected to hold them all")
 	since := fs.Float64("since", 0, "unix time (s) of the kill; default now")
+	leader := fs.Bool("leader", false, "also wait until the replica leads (term row names it)")
 	_ = fs.Parse(args)
 	conn, err := pgx.Connect(ctx, *dsn)
 	if err != nil {
@@ -357,7 +358,7 @@ func runWait(ctx context.Context, args []string) error {
 	if *since > 0 {
 		t0 = time.Unix(0, int64(*since*1e9))
 	}
-	var firstAll time.Duration
+	var firstAll, led time.Duration
 	rows, err := conn.Query(ctx, `SELECT replica_id, count(*) FROM agents WHERE status = 'online' GROUP BY 1 ORDER BY 1`)
 	if err != nil {
 		return err
@@ -369,14 +370,26 @@ func runWait(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	emit(map[string]any{"event": "online_by_replica_at_start", "online": dist})
+	var leaderAtStart string
+	_ = conn.QueryRow(ctx, `SELECT leader_id FROM myriarch_leader_term`).Scan(&leaderAtStart)
+	emit(map[string]any{"event": "online_by_replica_at_start", "online": dist, "recorded_leader": leaderAtStart})
 	for ctx.Err() == nil {
 		var onR, online, other int64
 		err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'online' AND replica_id = $1), count(*) FILTER (WHERE status = 'online'),
 			count(*) FILTER (WHERE status = 'online' AND replica_id <> $1) FROM agents`, *replica).Scan(&onR, &online, &other)
-		if err == nil && onR >= *n && other == 0 {
+		if err == nil && onR >= *n && other == 0 && firstAll == 0 {
 			firstAll = time.Since(t0)
 			emit(map[string]any{"event": "all_on_survivor", "agents": onR, "after_kill_s": firstAll.Seconds()})
+		}
+		if *leader && led == 0 {
+			var id string
+			var term int64
+			if conn.QueryRow(ctx, `SELECT leader_id, term FROM myriarch_leader_term`).Scan(&id, &term) == nil && id == *replica {
+				led = time.Since(t0)
+				emit(map[string]any{"event": "survivor_leads", "term": term, "after_kill_s": led.Seconds()})
+			}
+		}
+		if firstAll > 0 && (!*leader || led > 0) {
 			return nil
 		}
 		if time.Since(t0) > 10*time.Minute {
