@@ -313,3 +313,55 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// A persistent, non-exclusive session serves without a lease, routes
+// through a file sender with a topic rewrite, and stops gracefully.
+func TestPersistentSessionToFile(t *testing.T) {
+	br, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	dir := t.TempDir()
+	y := strings.NewReplacer("DIR", dir, "BROKER", br.URL).Replace(`
+bridge: {id: p, instance_id: i, http: {listen: "off"}, dead_letter: {path: DIR/dl.jsonl}}
+sessions:
+  - {id: s, session_mode: persistent, brokers: ["BROKER"], connect_timeout: 1s, reconcile_timeout: 1s, unmatched_grace: 1s}
+receivers:
+  - {id: r, session: s, topics: [{filter: "plant/#"}]}
+senders:
+  - {id: f, type: file, file: {path: DIR/out.jsonl}}
+routes:
+  - {id: rt, receiver: r, senders: [f], rewrite: {strip_prefix: "plant/", add_prefix: "site/"}}
+`)
+	cfg, err := config.Parse(filepath.Join(dir, "p.yaml"), []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := runtime.New(context.Background(), cfg, runtime.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	waitFor(t, "active and full", func() bool { s := b.Status().Sessions[0]; return s.Role+"/"+s.ServiceLevel == "active/full" })
+	p := publisher(t, br.URL)
+	for i := range 10 {
+		if _, err := p.Publish(context.Background(), &paho.Publish{Topic: "plant/m1", QoS: 1, Payload: fmt.Append(nil, i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "10 lines", func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, "out.jsonl"))
+		return strings.Count(string(data), "\n") == 10
+	})
+	data, _ := os.ReadFile(filepath.Join(dir, "out.jsonl"))
+	if !strings.Contains(string(data), `"topic":"site/m1"`) || !strings.Contains(string(data), `"source_topic":"plant/m1"`) {
+		t.Fatalf("file: %s", data)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -7,8 +7,9 @@
 // for each PUBACK before the next PUBLISH) would reorder or serialize the
 // stream; this keeps per-topic order at full pipeline depth.
 //
-// When the connection is lost, every unacknowledged message fails (the
-// route retries it), and the sender reconnects with backoff.
+// When the connection is lost or cannot be established, every
+// unacknowledged or queued message fails (the route retries it, then
+// dead-letters it), and the sender reconnects with backoff.
 package mqtt
 
 import (
@@ -113,6 +114,16 @@ func (s *Sender) run() {
 	for s.ctx.Err() == nil {
 		err := s.session()
 		s.failPending(ErrConnectionLost)
+		// What queued while the connection was failing fails too, so that
+		// the route's retry and dead-letter policy applies instead of an
+		// unbounded wait for the broker.
+		s.mu.Lock()
+		q := s.queue
+		s.queue = nil
+		s.mu.Unlock()
+		for _, it := range q {
+			it.done(fmt.Errorf("mqtt sender: not connected: %w", err))
+		}
 		if s.ctx.Err() != nil {
 			break
 		}

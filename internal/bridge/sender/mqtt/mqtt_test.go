@@ -1,0 +1,119 @@
+package mqtt_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"go.uber.org/goleak"
+
+	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/mochi-mqtt/server/v2.(*Server).eventLoop"))
+}
+
+func send(s *mqttsender.Sender, topic string, payload string) chan error {
+	ch := make(chan error, 1)
+	s.Send(&sender.Message{Topic: topic, Payload: []byte(payload), QoS: 1}, func(err error) { ch <- err })
+	return ch
+}
+
+func wait(t *testing.T, ch chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("no result")
+		return nil
+	}
+}
+
+// The sender publishes in order, reports each PUBACK, survives the broker
+// going away (what was in flight fails, so the route retries it) and
+// delivers again once the broker is back.
+func TestOrderLossAndReconnect(t *testing.T) {
+	b, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	sub, err := embroker.Connect(context.Background(), b.URL, "sub", false, func(p *paho.Publish) {
+		mu.Lock()
+		got = append(got, string(p.Payload))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Subscribe(context.Background(), "o/#", 1); err != nil {
+		t.Fatal(err)
+	}
+	s := mqttsender.New(mqttsender.Config{Broker: b.URL, ClientID: "snd", QoS: 1, KeepAlive: time.Second, ConnectTimeout: time.Second, Timeout: 2 * time.Second})
+	var chans []chan error
+	for i := range 500 {
+		chans = append(chans, send(s, "o/x", fmt.Sprint(i)))
+	}
+	for _, ch := range chans {
+		if err := wait(t, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n == 500 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	for i, p := range got {
+		if p != fmt.Sprint(i) {
+			t.Fatalf("message %d is %q: out of order", i, p)
+		}
+	}
+	mu.Unlock()
+	sub.Close()
+
+	addr := b.Addr
+	_ = b.Close()
+	// With the broker gone, a send fails (connection lost or not
+	// acknowledged in time) instead of hanging.
+	if err := wait(t, send(s, "o/x", "lost")); err == nil {
+		t.Fatal("a send without a broker succeeded")
+	}
+	b2, err := embroker.Start(addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		err := wait(t, send(s, "o/x", "again"))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no delivery after the broker returned: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, send(s, "o/x", "closed")); !errors.Is(err, sender.ErrClosed) {
+		t.Fatalf("send after Close: %v", err)
+	}
+}
