@@ -115,6 +115,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 			d.abort()
 		}
 	}()
+	// The election's tables exist before the API can be asked about them.
+	if err := pgleader.EnsureSchema(ctx, d.Store.Pool); err != nil {
+		return nil, fmt.Errorf("creating the leader tables: %w", err)
+	}
 	d.batcher = lastseen.New(d.Store, cfg.Server.LastSeenFlushInterval, d.log, d.Reg)
 	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg})
