@@ -10,6 +10,8 @@
 // a configuration with any problem is refused whole.
 package config
 
+//go:generate go run ./gendoc
+
 import (
 	"errors"
 	"fmt"
