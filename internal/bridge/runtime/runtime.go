@@ -200,6 +200,9 @@ type SessionStatus struct {
 	ServiceLevel string `json:"service_level"`
 	LeaseVersion int64  `json:"lease_version,omitempty"`
 	LeaseOwner   string `json:"lease_owner,omitempty"`
+	// LastLeaseEvent is the latest lease transition of this instance
+	// (acquired, lost, stepped_down, released, with the reason).
+	LastLeaseEvent string `json:"last_lease_event,omitempty"`
 	// BrokerPathLostFor is how long the owner's broker path has been
 	// lost (the broker_health_step_down clock), in seconds.
 	BrokerPathLostFor *float64               `json:"broker_path_lost_for_s"`
@@ -239,6 +242,7 @@ type runner struct {
 	lastTakeover   time.Duration
 	liveRoutes     []*routing.Route
 	quiet          bool
+	lastEvent      string
 	brokerStepDown bool
 }
 
@@ -295,6 +299,29 @@ func (r *runner) run(ctx, hard context.Context) error {
 		return nil
 	}
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
+	// Consume the manager's events (it drops them, counting, when nobody
+	// reads) and keep the last lease transition for /status.
+	stop := make(chan struct{})
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for {
+			select {
+			case <-stop:
+				return
+			case e := <-r.manager.Events():
+				if e.Kind != lease.EventRenewed {
+					r.mu.Lock()
+					r.lastEvent = e.Kind.String()
+					if e.Reason != "" {
+						r.lastEvent += " (" + e.Reason + ")"
+					}
+					r.mu.Unlock()
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); <-consumed }()
 	err := r.manager.Run(ctx)
 	if errors.Is(err, lease.ErrBrokerPathStepDown) {
 		r.b.met.StepDowns.WithLabelValues(r.sess.ID).Inc()
@@ -488,6 +515,7 @@ func (r *runner) status() SessionStatus {
 		v := r.lastTakeover.Seconds()
 		st.TakeoverToFull = &v
 	}
+	st.LastLeaseEvent = r.lastEvent
 	if r.manager != nil {
 		if o := r.manager.Ownership(); o != nil {
 			st.LeaseVersion = o.Token().Version
