@@ -63,6 +63,8 @@ type BridgeSettings struct {
 	ShutdownTimeout time.Duration
 	HTTPListen      string
 	DeadLetterPath  string
+	// StateDir holds each session's record of its subscribed filters.
+	StateDir string
 }
 
 // LeaseStoreSettings selects the lease store.

@@ -31,6 +31,7 @@ type Bridge struct {
 	DeadLetter struct {
 		Path string `yaml:"path"`
 	} `yaml:"dead_letter"`
+	StateDir string `yaml:"state_dir"`
 }
 
 // Stores holds the lease store.

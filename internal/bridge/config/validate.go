@@ -184,6 +184,10 @@ func (v *validator) bridge(f *File, cfg *Config) {
 			v.add("bridge.http.listen", s.HTTPListen, `must be host:port, :port or "off"`)
 		}
 	}
+	s.StateDir = b.StateDir
+	if s.StateDir == "" {
+		s.StateDir = filepath.Dir(v.file)
+	}
 	s.DeadLetterPath = b.DeadLetter.Path
 	if s.DeadLetterPath == "" {
 		s.DeadLetterPath = filepath.Join(filepath.Dir(v.file), DefaultDeadLetterPath)

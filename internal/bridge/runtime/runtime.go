@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -397,7 +398,8 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
 		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: d.Handle,
-		OnLevel: r.onLevel, Logger: r.log})
+		OnLevel: r.onLevel, Logger: r.log,
+		StateFile: filepath.Join(r.b.cfg.Bridge.StateDir, r.b.cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
 	if err != nil {
 		r.log.Error("transport", "err", err)
 		return

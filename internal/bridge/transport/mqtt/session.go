@@ -7,7 +7,8 @@
 // Activation — from the start of a connection attempt to ServiceLevelFull
 // — is bounded step by step: each connect attempt (dial, TLS, CONNECT,
 // CONNACK) by connect_timeout, at most two attempts; each SUBSCRIBE or
-// UNSUBSCRIBE wait by reconcile_timeout, at most four; and the residue
+// UNSUBSCRIBE wait by reconcile_timeout, at most four (one UNSUBSCRIBE of
+// filters the configuration dropped, one SUBSCRIBE, one retry); and the residue
 // window for messages of removed filters by unmatched_grace, at most two.
 // The whole activation additionally runs under a context that expires at
 // the declared bound 2·connect_timeout + 4·reconcile_timeout +
@@ -18,9 +19,12 @@ package mqtt
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,6 +105,12 @@ type Config struct {
 	// AckInterval is how often paho sends the acknowledgments the handler
 	// released (default 2ms).
 	AckInterval time.Duration
+	// StateFile, if set, remembers the filters this client_id subscribed,
+	// so that a resumed session's filters that the configuration no longer
+	// wants are unsubscribed during activation. MQTT cannot list a
+	// session's subscriptions, so without it they stay until the session
+	// expires (their messages are acknowledged and dropped).
+	StateFile string
 }
 
 // Activation is the bound this transport declares to the failover package.
@@ -226,9 +236,21 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	}()
 	s.setLevel(LevelDegraded)
 
-	// Reconcile: one SUBSCRIBE for every wanted filter; the filters a
-	// broker refused are tried once more on their own. Each wait is
-	// bounded by reconcile_timeout.
+	// Reconcile: one UNSUBSCRIBE for the filters a resumed session holds
+	// that the configuration no longer wants, one SUBSCRIBE for every
+	// wanted filter, and the refused ones once more. Each wait is bounded
+	// by reconcile_timeout: at most three of the four the bound allows.
+	previous := s.loadState()
+	if !s.SessionPresent() {
+		previous = nil // a new broker session holds no subscriptions
+	}
+	if stale := staleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
+		if err := s.unsubscribe(actCtx, cli, stale); err != nil {
+			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
+		}
+		s.log.Info("unsubscribed filters no longer configured", "filters", stale)
+		previous = nil
+	}
 	granted, err := s.subscribe(actCtx, cli, s.cfg.Subscriptions)
 	if err != nil {
 		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
@@ -242,6 +264,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 			granted[k] = true
 		}
 	}
+	s.saveState(previous, granted)
 	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
 	} else {
@@ -314,6 +337,91 @@ func (s *Session) subscribe(ctx context.Context, cli *paho.Client, subs []Subscr
 			}
 			return granted, nil
 		}
+	}
+}
+
+// unsubscribe removes filters within reconcile_timeout, retrying at once
+// on a packet identifier in use (see subscribe).
+func (s *Session) unsubscribe(ctx context.Context, cli *paho.Client, topics []string) error {
+	uctx, cancel := context.WithTimeout(ctx, s.cfg.ReconcileTimeout)
+	defer cancel()
+	for {
+		ua, err := cli.Unsubscribe(uctx, &paho.Unsubscribe{Topics: topics})
+		if ua == nil {
+			return err
+		}
+		inUse := len(ua.Reasons) > 0
+		for _, code := range ua.Reasons {
+			inUse = inUse && code == 0x91
+		}
+		if !inUse {
+			return nil // 0x11 (no subscription existed) is fine too
+		}
+		if uctx.Err() != nil {
+			return uctx.Err()
+		}
+	}
+}
+
+// staleFilters is previous minus the wanted filters, sorted.
+func staleFilters(previous []string, want []Subscription) []string {
+	var out []string
+	for _, p := range previous {
+		if !slices.ContainsFunc(want, func(w Subscription) bool { return w.Filter == p }) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (s *Session) loadState() []string {
+	if s.cfg.StateFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(s.cfg.StateFile)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("reading the subscription state", "file", s.cfg.StateFile, "err", err)
+		}
+		return nil
+	}
+	var st struct {
+		Filters []string `json:"filters"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		s.log.Warn("ignoring a corrupt subscription state", "file", s.cfg.StateFile, "err", err)
+		return nil
+	}
+	return st.Filters
+}
+
+// saveState records what the broker session may hold now: the granted
+// filters plus any earlier ones not yet unsubscribed.
+func (s *Session) saveState(previous []string, granted map[string]bool) {
+	if s.cfg.StateFile == "" {
+		return
+	}
+	set := map[string]bool{}
+	for _, p := range previous {
+		set[p] = true
+	}
+	for f := range granted {
+		set[f] = true
+	}
+	filters := make([]string, 0, len(set))
+	for f := range set {
+		filters = append(filters, f)
+	}
+	slices.Sort(filters)
+	b, _ := json.Marshal(map[string]any{"client_id": s.cfg.ClientID, "filters": filters})
+	tmp := s.cfg.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o640); err != nil {
+		s.log.Warn("writing the subscription state", "file", tmp, "err", err)
+		return
+	}
+	if err := os.Rename(tmp, s.cfg.StateFile); err != nil {
+		s.log.Warn("writing the subscription state", "file", s.cfg.StateFile, "err", err)
 	}
 }
 

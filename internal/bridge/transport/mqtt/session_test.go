@@ -3,11 +3,14 @@ package mqtt_test
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/paho"
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
@@ -144,5 +147,56 @@ func TestServiceLevelFollowsBrokerPath(t *testing.T) {
 		if levels[i] != want[i] {
 			t.Fatalf("levels %v, want %v", levels, want)
 		}
+	}
+}
+
+// A resumed session drops the filters the configuration no longer has:
+// the next owner unsubscribes what the state file says was subscribed.
+func TestReconcileUnsubscribesRemovedFilters(t *testing.T) {
+	b, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	state := filepath.Join(t.TempDir(), "subs.json")
+	var got sync.Map
+	run := func(filters ...string) func() {
+		var subs []mqtt.Subscription
+		for _, f := range filters {
+			subs = append(subs, mqtt.Subscription{Filter: f, QoS: 1})
+		}
+		s, err := mqtt.New(mqtt.Config{Brokers: []string{b.URL}, ClientID: "rc", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
+			ConnectTimeout: time.Second, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second, StateFile: state,
+			Subscriptions: subs, Handler: func(m *mqtt.Message, ack func()) { got.Store(m.Topic, true); ack() }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := make(chan struct{})
+		go func() { defer close(ran); _ = s.Run(ctx) }()
+		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+		return func() { cancel(); <-ran }
+	}
+	stop := run("a/#", "b/#")
+	stop()
+	stop = run("a/#")
+	defer stop()
+	pub, err := embroker.Connect(context.Background(), b.URL, "rc-pub", true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for _, topic := range []string{"b/x", "a/x"} {
+		if _, err := pub.Publish(context.Background(), &paho.Publish{Topic: topic, QoS: 1, Payload: []byte("1")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "a/x", func() bool { _, ok := got.Load("a/x"); return ok })
+	if len(b.Server.Topics.Subscribers("b/x").Subscriptions) != 0 {
+		t.Fatal("b/# is still subscribed on the broker")
+	}
+	data, _ := os.ReadFile(state)
+	if string(data) != `{"client_id":"rc","filters":["a/#"]}` {
+		t.Fatalf("state %s", data)
 	}
 }
