@@ -363,3 +363,55 @@ func TestUnacknowledgedRedeliveredOnResume(t *testing.T) {
 }
 
 func bufioReader(b []byte) io.Reader { return bytesReader(b) }
+
+// release is a sender whose messages stay in flight until released.
+type release struct {
+	mu    sync.Mutex
+	dones []func(error)
+}
+
+func (r *release) Send(_ *sender.Message, done func(error)) {
+	r.mu.Lock()
+	r.dones = append(r.dones, done)
+	r.mu.Unlock()
+}
+func (r *release) Close(context.Context) error { return nil }
+func (r *release) held() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.dones)
+}
+func (r *release) releaseAll() {
+	r.mu.Lock()
+	d := r.dones
+	r.dones = nil
+	r.mu.Unlock()
+	for _, f := range d {
+		f(nil)
+	}
+}
+
+// A route never holds more than max_in_flight messages: a full route stops
+// intake until its senders accept, and then everything flows.
+func TestInFlightBound(t *testing.T) {
+	src := startBroker(t)
+	ctx := context.Background()
+	rel := &release{}
+	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"b/#"}, MaxInFlight: 5, Targets: []routing.Target{{ID: "rel", Sender: rel}}})
+	defer route.Close()
+	_, stop := runSession(t, ctx, src.URL, "bridge-bound", "b/#", &routing.Dispatcher{Routes: []*routing.Route{route}})
+	defer stop()
+	publish(t, src.URL, 20, func(int) string { return "b/x" })
+	waitFor(t, "five held", func() bool { return rel.held() == 5 })
+	time.Sleep(100 * time.Millisecond) // room for a sixth, which must not come
+	if n := route.InFlight(); n != 5 || rel.held() != 5 {
+		t.Fatalf("in flight %d, held %d; want 5", n, rel.held())
+	}
+	delivered := 0
+	waitFor(t, "all 20", func() bool {
+		delivered += rel.held()
+		rel.releaseAll()
+		return delivered == 20
+	})
+	waitFor(t, "idle", func() bool { return route.InFlight() == 0 })
+}
