@@ -218,7 +218,9 @@ func TestKilledReplicaLosesOnlyItsFlushAndTheSweeperCatchesUp(t *testing.T) {
 	if !fleettest.Eventually(30*time.Second, a.Elector.IsLeader) {
 		t.Fatal("A does not lead")
 	}
-	k := start(t, testConfig(t, pg.DSN(""), "replica-k", nil), nil)
+	// K flushes rarely, so the agent's events are still in its memory when
+	// it is killed: they are what a kill loses, with the offline marking.
+	k := start(t, testConfig(t, pg.DSN(""), "replica-k", map[string]string{"server.lastSeenFlushInterval": "1m", "agents.offlineAfter": "5m"}), nil)
 	ag, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + k.OpAMPAddr().String() + "/v1/opamp", Secret: secret})
 	if err != nil {
 		t.Fatal(err)
@@ -226,15 +228,23 @@ func TestKilledReplicaLosesOnlyItsFlushAndTheSweeperCatchesUp(t *testing.T) {
 	defer ag.Stop(ctx)
 	if !fleettest.Eventually(30*time.Second, func() bool {
 		x, err := a.Store.GetAgent(ctx, ag.UIDString())
-		return err == nil && x.Status == "online"
+		return err == nil && x.Status == "online" && x.Identifying["service.name"] != ""
 	}) {
 		t.Fatal("agent not online")
 	}
 	k.Kill()
-	// The kill skipped the final flush: the row still says online ...
+	// The kill skipped the final flush: the row still says online and the
+	// batched "connected" event is gone ...
 	x, _ := a.Store.GetAgent(ctx, ag.UIDString())
 	if x.Status != "online" {
 		t.Fatalf("killed replica marked its agent: %+v", x)
+	}
+	if evs, _ := a.Store.Events(ctx, ag.UIDString(), 5); len(evs) != 0 {
+		t.Fatalf("events of a killed replica were written: %+v", evs)
+	}
+	// ... but the state it wrote at once (description, health) is there.
+	if x.Identifying["service.name"] != "test-agent" || x.ReplicaID != "replica-k" {
+		t.Fatalf("agent row: %+v", x)
 	}
 	// ... until the leader's offline sweeper marks it (agents.offlineAfter).
 	if !fleettest.Eventually(60*time.Second, func() bool {

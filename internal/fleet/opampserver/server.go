@@ -42,6 +42,10 @@ import (
 // may reach another replica, so all replicas share it.
 const HTTPConnID = "http"
 
+// httpAgentIdle is how long a plain-HTTP agent that stopped polling here is
+// remembered (its desired-config bookkeeping) before Reconcile forgets it.
+const httpAgentIdle = 10 * time.Minute
+
 // Options configure a Server.
 type Options struct {
 	Store   *store.Store
@@ -95,6 +99,7 @@ type agentConn struct {
 }
 
 type httpAgent struct {
+	seen     atomic.Int64 // unix nanoseconds of the last poll
 	mu       sync.Mutex
 	dirty    bool // desired config may have changed
 	sentHash string
@@ -368,9 +373,11 @@ func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, ms
 	first := ha == nil
 	if first {
 		ha = &httpAgent{dirty: true}
+		ha.seen.Store(now.UnixNano())
 		s.http[uid] = ha
 	}
 	s.mu.Unlock()
+	ha.seen.Store(now.UnixNano())
 	ha.mu.Lock()
 	defer ha.mu.Unlock()
 	if first {
@@ -579,7 +586,12 @@ func (s *Server) Reconcile(ctx context.Context) error {
 		uids = append(uids, uid)
 		acs[uid] = ac
 	}
-	for _, ha := range s.http {
+	for uid, ha := range s.http {
+		if time.Since(time.Unix(0, ha.seen.Load())) > httpAgentIdle {
+			// Polls elsewhere now, or stopped; a new poll starts afresh.
+			delete(s.http, uid)
+			continue
+		}
 		ha.mu.Lock()
 		ha.dirty = true
 		ha.mu.Unlock()

@@ -475,7 +475,12 @@ func (s *Store) VerifyToken(ctx context.Context, tok string) (name string, ok bo
 	if !strings.HasPrefix(tok, TokenPrefix) {
 		return "", false, nil
 	}
-	err = s.Pool.QueryRow(ctx, "UPDATE api_tokens SET last_used_at = now() WHERE hash = $1 RETURNING name", hashToken(tok)).Scan(&name)
+	// last_used_at is kept to the minute, so that reading pages costs no
+	// write per request.
+	err = s.Pool.QueryRow(ctx, `WITH t AS (SELECT id, name, last_used_at FROM api_tokens WHERE hash = $1),
+		u AS (UPDATE api_tokens SET last_used_at = now() FROM t
+			WHERE api_tokens.id = t.id AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute'))
+		SELECT name FROM t`, hashToken(tok)).Scan(&name)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", false, nil
 	}
