@@ -111,6 +111,17 @@ func TestTwoReplicas(t *testing.T) {
 			t.Errorf("%s: %d", p, code)
 		}
 	}
+	resp, err := http.Get(anon.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"myriarch_leader ", "myriarch_opamp_connections ", "myriarch_lastseen_flushes_total ", "myriarch_eventbus_reconciles_total ", "go_goroutines "} {
+		if !strings.Contains(string(metrics), "\n"+m) {
+			t.Errorf("metric %s missing", m)
+		}
+	}
 	for _, p := range []string{"/api/v1/agents", "/api/v1/cluster", "/api/v1/overview", "/api/v1/nothing"} {
 		if code := anon.do(t, "GET", p, "", nil); code != 401 {
 			t.Errorf("%s without token: %d", p, code)
