@@ -2,12 +2,28 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test vet staticcheck unit docs fuzz build
+.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab
 
+# The main job: two bridge processes, an embedded broker and sink, a steady
+# QoS 1 publisher; kill the owner, then cut the owner's broker path, and
+# print budget against measured failure-to-full, losses and duplicates.
 demo:
+	$(GO) run ./cmd/myriarch-bridge lab
+
+# The failover arithmetic of both daemons at their defaults.
+budgets:
 	$(GO) run ./cmd/myriarch-bridge budget
 	$(GO) run ./cmd/myriarch-bridge budget --deployment-mode clustered --broker-health-step-down 90s
 	$(GO) run ./cmd/myriarchd budget
+
+# Leader failover scenarios of myriarchd against a throwaway PostgreSQL
+# (the network-namespace scenario needs root).
+failover-lab:
+	$(GO) run ./cmd/myriarchd failover-lab
+
+# MQTT→MQTT throughput and latency through one bridge vs direct (needs mosquitto).
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/bridge/bench/
 
 test: vet staticcheck unit
 
