@@ -45,8 +45,10 @@ func (c *SkewedClock) Now() time.Time {
 	return c.origin.Add(c.offset + time.Duration(float64(el)*c.rate))
 }
 
-// TTL is the lease TTL the suite uses; short, so the suite stays fast.
-const TTL = 400 * time.Millisecond
+// TTL is the lease TTL the suite uses: short, so the suite stays fast, and
+// long enough that an overloaded test machine does not stall a renew loop
+// past the owner's local deadline.
+const TTL = time.Second
 
 const poll = 20 * time.Millisecond
 
@@ -263,14 +265,17 @@ func testTakeoverWindow(t *testing.T, h Harness) {
 func testRenewKeepsOut(t *testing.T, h Harness) {
 	owner, obs := open(t, h, nil), open(t, h, nil)
 	id := UniqueID(t)
+	lastRenew := time.Now()
 	tok := mustAcquire(t, owner, claim(id, "owner"))
-	var lastRenew time.Time
 	end := time.Now().Add(3 * TTL)
 	next := time.Now()
 	for time.Now().Before(end) {
 		if !time.Now().Before(next) {
 			pre := time.Now()
 			if err := owner.Renew(ctxT(t), id, tok, TTL); err != nil {
+				if errors.Is(err, lease.ErrExpired) && time.Since(lastRenew) >= lease.LocalDeadline(lastRenew, TTL).Sub(lastRenew) {
+					t.Skipf("the machine stalled the owner past its local deadline (%v since its last renew): %v", time.Since(lastRenew), err)
+				}
 				t.Fatalf("Renew: %v", err)
 			}
 			lastRenew = pre

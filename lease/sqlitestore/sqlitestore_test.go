@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/leasetest"
@@ -21,7 +22,7 @@ func harness(t *testing.T) leasetest.Harness {
 			return s
 		},
 		Corrupt: func(t testing.TB, id string) {
-			db, err := sql.Open("sqlite", dsn(path, 0))
+			db, err := sql.Open("sqlite", dsn(path, 5*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
