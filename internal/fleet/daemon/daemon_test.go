@@ -201,6 +201,12 @@ func TestTwoReplicas(t *testing.T) {
 	if cl.Leader.Term < 1 || (cl.Leader.ID != "replica-a" && cl.Leader.ID != "replica-b") {
 		t.Fatalf("leader %+v", cl.Leader)
 	}
+	// The jobs ran on the leader only, in its term.
+	for _, r := range cl.JobRuns {
+		if r.ReplicaID != cl.Leader.ID || r.Term != cl.Leader.Term {
+			t.Fatalf("job %s ran on %s in term %d; leader %+v", r.Name, r.ReplicaID, r.Term, cl.Leader)
+		}
+	}
 
 	// Planned stop of B: exactly the spec's order; its agent is marked
 	// offline by the final flush.

@@ -134,6 +134,9 @@ func TestUIInHeadlessChromium(t *testing.T) {
 	uidCell := text("#agents tr.agent td")
 	do(chromedp.Click(q("#agents tr.agent td a")), chromedp.WaitVisible(q("#agent-status")))
 	status, attrs, events := text("#agent-status"), text("#attributes"), text("#events")
+	// The status filter of the list.
+	do(chromedp.Navigate(base+"/ui/agents?status=offline"), chromedp.WaitVisible(q("#no-agents")))
+	noAgents := text("#no-agents")
 	// Cluster.
 	do(chromedp.Click(q("#nav-cluster")), chromedp.WaitVisible(q("#leader-id")))
 	leaderID, replicas, jobs := text("#leader-id"), text("#replicas"), text("#jobs")
@@ -153,6 +156,7 @@ func TestUIInHeadlessChromium(t *testing.T) {
 	check("agent status", status, "online")
 	check("attributes", attrs, "bridge-ui-test")
 	check("events", events, "connected")
+	check("offline filter", noAgents, "No agents match")
 	check("cluster leader", leaderID, "replica-ui")
 	check("replicas", replicas, "holds the lock")
 	check("jobs", jobs, "offline_sweeper")
