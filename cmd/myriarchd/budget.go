@@ -1,14 +1,73 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/cli"
 	"github.com/myriarch/myriarch/internal/disclose"
+	"github.com/myriarch/myriarch/internal/fleet/config"
 )
 
 func init() {
 	commands.Register(cli.Command{
 		Name:    "budget",
-		Summary: "derive the leader-session keepalives and the shutdown sizing from the settings",
-		Run:     disclose.RunLeaderBudget,
+		Summary: "derive the leader-session keepalives and the shutdown sizing from the loaded config (-c FILE, MYRIARCH_* env) and flags",
+		Run:     runBudget,
 	})
+}
+
+// runBudget loads the configuration the daemon would run with (the file
+// given by -c/--config and the MYRIARCH_* environment) and discloses its
+// numbers; explicit flags override it.
+func runBudget(args []string, stdout, stderr io.Writer) int {
+	file, rest, err := takeConfigFlag(args)
+	if err != nil {
+		fmt.Fprintln(stderr, "myriarchd budget:", err)
+		return cli.ExitUsage
+	}
+	cfg, err := config.Load(config.Source{File: file, Optional: []string{"database.url", "server.enrollmentSecret"}})
+	if err != nil {
+		errs := failover.ErrorStrings(err)
+		for _, e := range errs {
+			fmt.Fprintln(stderr, "error:", e)
+		}
+		if slices.Contains(rest, "--json") || slices.Contains(rest, "-json") {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(map[string]any{"errors": errs})
+		}
+		return cli.ExitUsage
+	}
+	// Loaded values first, so that flags given explicitly win.
+	loaded := []string{
+		"--leader-session-timeout", cfg.HA.LeaderSessionTimeout.String(),
+		"--shutdown-timeout", cfg.Server.ShutdownTimeout.String(),
+	}
+	return disclose.RunLeaderBudget(append(loaded, rest...), stdout, stderr)
+}
+
+// takeConfigFlag removes -c/--config FILE (or =FILE) from args.
+func takeConfigFlag(args []string) (file string, rest []string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || (name != "c" && name != "config") {
+			rest = append(rest, a)
+			continue
+		}
+		if !hasVal {
+			if i+1 >= len(args) {
+				return "", nil, fmt.Errorf("flag %s needs a file name", a)
+			}
+			i++
+			val = args[i]
+		}
+		file = val
+	}
+	return file, rest, nil
 }
