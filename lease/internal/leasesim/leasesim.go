@@ -216,8 +216,12 @@ func StartMember(t testing.TB, cfg MemberConfig) *Member {
 				if m.killed.Load() {
 					return
 				}
+				// The action's instant is read before the validity check,
+				// so a stall between the two can only drop the action,
+				// never date it after the tenure ended.
+				at := time.Now()
 				if !m.paused.Load() && own.Valid() && cfg.History != nil {
-					cfg.History.Record(Action{Member: cfg.Name, Owner: own.Token().Owner, Version: own.Token().Version, At: time.Now()})
+					cfg.History.Record(Action{Member: cfg.Name, Owner: own.Token().Owner, Version: own.Token().Version, At: at})
 				}
 				select {
 				case <-own.Context().Done():
