@@ -151,3 +151,14 @@ func TestBrokerHealthParse(t *testing.T) {
 		}
 	}
 }
+
+// A refused objective still discloses the budgets it was compared with.
+func TestRefusedPolicyStillDisclosesBudgets(t *testing.T) {
+	a := Assess(SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, FailoverSLO: time.Minute, Activation: mustMQTT(t)})
+	if a.Admitted() || a.OwnerDeath == nil || a.OwnerDeath.Total != 336500*time.Millisecond {
+		t.Fatalf("admitted=%v ownerDeath=%v err=%v", a.Admitted(), a.OwnerDeath, a.Err)
+	}
+	if got := ErrorStrings(a.Err); len(got) != 2 {
+		t.Fatalf("want the undeclared step-down and the missed objective, got %q", got)
+	}
+}

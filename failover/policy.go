@@ -96,12 +96,13 @@ func (a Assessment) Admitted() bool { return a.Err == nil }
 func Assess(p SessionPolicy) Assessment {
 	a := Assessment{Policy: p}
 	var errs []error
-	cad, warns, err := ResolveCadence(p.Lease)
+	cad, warns, cadErr := ResolveCadence(p.Lease)
 	a.Warnings = warns
-	if err != nil {
-		errs = append(errs, err)
+	if cadErr != nil {
+		errs = append(errs, cadErr)
 	}
-	if p.StartupAllowance < 0 || p.StartupAllowance > MaxStartupAllowance {
+	startupOK := p.StartupAllowance >= 0 && p.StartupAllowance <= MaxStartupAllowance
+	if !startupOK {
 		errs = append(errs, fieldErr("startup_allowance", p.StartupAllowance, "must be within [0s, %v]", MaxStartupAllowance))
 	}
 	if p.FailoverSLO < 0 {
@@ -116,33 +117,35 @@ func Assess(p SessionPolicy) Assessment {
 		errs = append(errs, fieldErr("failover_slo", p.FailoverSLO,
 			"cannot be admitted: transport %q declares no post-takeover activation bound", p.Activation.Transport))
 	}
-	if len(errs) > 0 {
+	if cadErr != nil || !startupOK {
+		// Nothing to compute the budgets from.
 		a.Err = errors.Join(errs...)
 		return a
 	}
+	// The budgets are disclosed even when a policy rule refuses the
+	// session, so that an operator sees how far off the objective is.
 	a.Cadence = cad
 	if !p.Activation.Known {
 		a.Warnings = append(a.Warnings, fmt.Sprintf("transport %q declares no activation bound: no failover budget can be computed", p.Activation.Transport))
+		a.Err = errors.Join(errs...)
 		return a
 	}
-	od, err := OwnerDeathBudget(cad, p.Activation, p.StartupAllowance)
-	if err != nil {
-		a.Err = fmt.Errorf("owner-death budget: %w", err)
-		return a
+	if od, err := OwnerDeathBudget(cad, p.Activation, p.StartupAllowance); err != nil {
+		errs = append(errs, fmt.Errorf("owner-death budget: %w", err))
+	} else {
+		a.OwnerDeath = &od
 	}
-	a.OwnerDeath = &od
 	if after, ok := p.BrokerHealthStepDown.After(); ok {
-		bp, err := BrokerPathBudget(cad, after, p.Activation, p.StartupAllowance)
-		if err != nil {
-			a.Err = fmt.Errorf("broker-path budget: %w", err)
-			return a
+		if bp, err := BrokerPathBudget(cad, after, p.Activation, p.StartupAllowance); err != nil {
+			errs = append(errs, fmt.Errorf("broker-path budget: %w", err))
+		} else {
+			a.BrokerPath = &bp
 		}
-		a.BrokerPath = &bp
 	}
 	if slo {
-		if od.Total > p.FailoverSLO {
+		if a.OwnerDeath != nil && a.OwnerDeath.Total > p.FailoverSLO {
 			errs = append(errs, fieldErr("failover_slo", p.FailoverSLO,
-				"the owner-death budget is %v, above the objective; shorten lease_ttl, lower the transport timeouts or raise acquire_poll_interval", od.Total))
+				"the owner-death budget is %v, above the objective; shorten lease_ttl, lower the transport timeouts or raise acquire_poll_interval", a.OwnerDeath.Total))
 		}
 		if a.BrokerPath != nil && a.BrokerPath.Total > p.FailoverSLO {
 			errs = append(errs, fieldErr("failover_slo", p.FailoverSLO,

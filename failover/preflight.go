@@ -54,8 +54,8 @@ func Preflight(inputs []SessionInput) ([]CanonicalSession, error) {
 		for _, in := range g {
 			sources = append(sources, in.Source)
 			a := Assess(in.Policy)
-			if a.Err != nil && a.Cadence.LeaseTTL == 0 {
-				// The cadence itself is refused; nothing to compare.
+			if a.Cadence.LeaseTTL == 0 {
+				// The cadence or start-up allowance is refused; nothing to compare.
 				for _, e := range Errs(a.Err) {
 					errs = append(errs, fmt.Errorf("session %q, %s: %w", id, in.Source, e))
 				}
