@@ -1,10 +1,13 @@
 package daemon
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -13,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
@@ -273,5 +277,145 @@ func TestKilledReplicaLosesOnlyItsFlushAndTheSweeperCatchesUp(t *testing.T) {
 	evs, _ := a.Store.Events(ctx, ag.UIDString(), 5)
 	if len(evs) == 0 || evs[0].Kind != store.EventMarkedOffline {
 		t.Fatalf("events %+v", evs)
+	}
+}
+
+// holdRequest sends the headers of a request whose body of 1000 bytes
+// never finishes arriving. It returns once the handler reads the body (the
+// server answered "100 Continue"), so the request is in flight.
+func holdRequest(t *testing.T, addr, method, path string, headers ...string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	req := method + " " + path + " HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n"
+	for _, h := range headers {
+		req += h + "\r\n"
+	}
+	if _, err := io.WriteString(c, req+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(line, " 100 ") {
+		t.Fatalf("%s %s: no 100 Continue: %q %v", method, path, line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // the empty line after it
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A drain that runs into server.shutdownTimeout does not hold up the rest
+// of the planned stop: each later phase still runs, in order, within its
+// own bound, and the whole stop fits the grace-period formula.
+func TestDrainTimeoutsDoNotStopTheLaterPhases(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	type stamp struct {
+		phase string
+		at    time.Time
+	}
+	var mu sync.Mutex
+	var stamps []stamp
+	const shutdownTimeout = time.Second
+	a := start(t, testConfig(t, pg.DSN(""), "replica-a", map[string]string{"server.shutdownTimeout": shutdownTimeout.String()}), func(p string) {
+		mu.Lock()
+		stamps = append(stamps, stamp{p, time.Now()})
+		mu.Unlock()
+	})
+	defer a.Shutdown()
+	if !fleettest.Eventually(30*time.Second, a.Elector.IsLeader) {
+		t.Fatal("A does not lead")
+	}
+	b := start(t, testConfig(t, pg.DSN(""), "replica-b", nil), nil)
+	defer b.Shutdown()
+	tok, err := a.Store.CreateToken(ctx, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + a.OpAMPAddr().String() + "/v1/opamp", Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Stop(ctx)
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		x, err := a.Store.GetAgent(ctx, ag.UIDString())
+		return err == nil && x.Status == "online" && x.Identifying["service.name"] != ""
+	}) {
+		t.Fatal("agent not online")
+	}
+	// A plain-HTTP agent poll holds the OpAMP drain, an API upload the HTTP
+	// drain; neither finishes.
+	opampHeld := holdRequest(t, a.OpAMPAddr().String(), "POST", "/v1/opamp", "Authorization: Bearer "+secret, "Content-Type: application/x-protobuf")
+	apiHeld := holdRequest(t, a.HTTPAddr().String(), "PUT", "/api/v1/agents/"+ag.UIDString()+"/config", "Authorization: Bearer "+tok)
+
+	began := time.Now()
+	err = a.Shutdown()
+	ended := time.Now()
+	if err == nil || !strings.Contains(err.Error(), "OpAMP close") || !strings.Contains(err.Error(), "HTTP drain") {
+		t.Fatalf("Shutdown should report both drain timeouts: %v", err)
+	}
+	mu.Lock()
+	got := slices.Clone(stamps)
+	mu.Unlock()
+	var phases []string
+	took := map[string]time.Duration{}
+	for i, s := range got {
+		phases = append(phases, s.phase)
+		end := ended
+		if i+1 < len(got) {
+			end = got[i+1].at
+		}
+		took[s.phase] = end.Sub(s.at)
+	}
+	want := []string{PhaseOpAMPClose, PhaseFinalFlush, PhaseHTTPDrain, PhaseLeaderRelease, PhaseClose}
+	if !slices.Equal(phases, want) {
+		t.Fatalf("stop phases %v, want %v", phases, want)
+	}
+	t.Logf("phases: %v; total %v", took, ended.Sub(began))
+	// Both drains waited for their full timeout (a lower bound the code
+	// guarantees) ...
+	if took[PhaseOpAMPClose] < shutdownTimeout || took[PhaseHTTPDrain] < shutdownTimeout {
+		t.Errorf("a drain ended before its timeout: %v", took)
+	}
+	// ... and the later phases kept their own bounds, so the whole stop fits
+	// terminationGracePeriodSeconds without the preStop sleep.
+	if took[PhaseFinalFlush] > failover.FinalFlushDeadline || took[PhaseLeaderRelease]+took[PhaseClose] > failover.LeaderReleaseBound {
+		t.Errorf("a phase exceeded its bound: %v", took)
+	}
+	grace, err := failover.TerminationGracePeriod(0, shutdownTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total := ended.Sub(began); total > grace {
+		t.Errorf("stop took %v, more than the formula's %v", total, grace)
+	}
+	// The final flush ran after the OpAMP drain timed out.
+	var det api.AgentDetail
+	x, _ := b.Store.GetAgent(ctx, ag.UIDString())
+	evs, _ := b.Store.Events(ctx, ag.UIDString(), 5)
+	det = api.AgentDetail{Agent: x, Events: evs}
+	if x.Status != "offline" || len(evs) == 0 || evs[0].Detail != "replica stopped" {
+		t.Fatalf("final flush did not run after the OpAMP drain timeout: %+v", det)
+	}
+	// The held requests were cut without an answer when their phase ended.
+	for name, c := range map[string]net.Conn{"OpAMP": opampHeld, "API": apiHeld} {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := c.Read(make([]byte, 512))
+		var ne net.Error
+		if n > 0 || err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+			t.Errorf("%s request held past the stop: read %d bytes, %v", name, n, err)
+		}
+	}
+	// And the leader released its lock: B leads.
+	if !fleettest.Eventually(30*time.Second, b.Elector.IsLeader) {
+		t.Fatal("B does not lead after A stopped")
 	}
 }

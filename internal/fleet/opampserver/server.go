@@ -190,11 +190,15 @@ func (s *Server) Stop(ctx context.Context) error {
 		_ = c.Disconnect()
 	}
 	err := <-shut
+	if err != nil && s.httpSrv != nil {
+		// The drain ran into its timeout (a plain-HTTP poll whose body
+		// never finished arriving, say). Cut what is left: otherwise that
+		// connection and its handler outlive the phase, and a body that
+		// completes later is served by a replica that already flushed.
+		_ = s.httpSrv.Close()
+	}
 	if s.served != nil {
-		select {
-		case <-s.served:
-		case <-ctx.Done():
-		}
+		<-s.served
 	}
 	for {
 		if s.Connections() == 0 {
