@@ -147,7 +147,12 @@ func (r Record) RequiredWait() time.Duration { return r.Expiry.Sub(r.RenewedAt) 
 // many goroutines and, where the backend allows, by many processes.
 //
 // The caller bounds each call with ctx; the Manager gives one whole Acquire
-// (all of its internal store operations) one renew_call_timeout.
+// (all of its internal store operations) one renew_call_timeout. A call
+// should return as soon as its context ends. The Manager does not rely on
+// it: it stops waiting for a call at its bound, treats the outcome as
+// unknown (a transient error wrapping ErrCallAbandoned) and lets the call
+// finish in the background, so a store that overruns its context cannot
+// stretch a failover past its budget.
 type Store interface {
 	// Acquire grants the lease to c.Owner if the row is absent, released,
 	// already held by c.Owner, or held by another owner that standbys have

@@ -41,7 +41,8 @@ type Config struct {
 	OnOwner func(own *Ownership)
 	// CloseSource, if set, is the first step-down phase: close the input
 	// of the owner's work. Its context ends after
-	// min(5s, step_down_grace).
+	// min(5s, step_down_grace), and the step-down goes on at that bound
+	// even if CloseSource has not returned.
 	CloseSource func(ctx context.Context) error
 	// Logger receives the manager's logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -285,9 +286,9 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, bool) {
 		}
 		pre := m.clock.Now()
 		start := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, c.RenewCallTimeout)
-		tok, err := m.cfg.Store.Acquire(cctx, claim)
-		cancel()
+		tok, err := bounded(ctx, c.RenewCallTimeout, "acquire", func(cctx context.Context) (Token, error) {
+			return m.cfg.Store.Acquire(cctx, claim)
+		})
 		lat := time.Since(start).Seconds()
 		switch {
 		case err == nil:
@@ -375,9 +376,10 @@ func (m *Manager) own(ctx context.Context, tok Token, deadline time.Time) error 
 		}
 		pre := m.clock.Now()
 		start := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, min(c.RenewCallTimeout, max(time.Millisecond, deadline.Sub(pre))))
-		err := m.cfg.Store.Renew(cctx, m.cfg.Session, tok, c.LeaseTTL)
-		cancel()
+		_, err := bounded(ctx, min(c.RenewCallTimeout, max(time.Millisecond, deadline.Sub(pre))), "renew",
+			func(cctx context.Context) (struct{}, error) {
+				return struct{}{}, m.cfg.Store.Renew(cctx, m.cfg.Session, tok, c.LeaseTTL)
+			})
 		lat := time.Since(start).Seconds()
 		switch {
 		case err == nil:
@@ -404,9 +406,8 @@ func (m *Manager) own(ctx context.Context, tok Token, deadline time.Time) error 
 			if fails >= c.MaxRenewFails {
 				// One authoritative read decides, on every round while
 				// the streak lasts.
-				rctx, cancel := context.WithTimeout(ctx, min(c.RenewCallTimeout, max(time.Millisecond, deadline.Sub(m.clock.Now()))))
-				rec, rerr := m.cfg.Store.Current(rctx, m.cfg.Session)
-				cancel()
+				rec, rerr := bounded(ctx, min(c.RenewCallTimeout, max(time.Millisecond, deadline.Sub(m.clock.Now()))), "current",
+					func(rctx context.Context) (Record, error) { return m.cfg.Store.Current(rctx, m.cfg.Session) })
 				switch {
 				case rerr != nil:
 					m.log.Warn("authoritative read failed; keeping the lease until the local deadline", "err", rerr)
@@ -449,11 +450,11 @@ func (m *Manager) stepDown(o *Ownership, workDone <-chan struct{}, reason string
 
 	// Phase 1: close the source.
 	if m.cfg.CloseSource != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), phase)
-		if err := m.cfg.CloseSource(cctx); err != nil {
+		if _, err := bounded(context.Background(), phase, "close source", func(cctx context.Context) (struct{}, error) {
+			return struct{}{}, m.cfg.CloseSource(cctx)
+		}); err != nil {
 			m.log.Warn("closing the source failed", "err", err)
 		}
-		cancel()
 	}
 	// Phase 2: settlement grace. A tenure that is still valid gives the
 	// work up to step_down_grace to settle, cut short by the local
@@ -478,9 +479,9 @@ func (m *Manager) stepDown(o *Ownership, workDone <-chan struct{}, reason string
 
 	// Phase 3: release, bounded, best effort.
 	if release {
-		rctx, cancel := context.WithTimeout(context.Background(), phase)
-		err := m.cfg.Store.Release(rctx, m.cfg.Session, tok)
-		cancel()
+		_, err := bounded(context.Background(), phase, "release", func(rctx context.Context) (struct{}, error) {
+			return struct{}{}, m.cfg.Store.Release(rctx, m.cfg.Session, tok)
+		})
 		if err != nil {
 			m.log.Warn("lease release failed; standbys will wait out the lease by observation", "version", tok.Version, "err", err)
 			m.emit(Event{Kind: EventReleased, Token: tok, Reason: reason, Err: err})
@@ -495,4 +496,41 @@ func (m *Manager) stepDown(o *Ownership, workDone <-chan struct{}, reason string
 		return ErrBrokerPathStepDown
 	}
 	return nil
+}
+
+// ErrCallAbandoned is wrapped by the error of a store call or CloseSource
+// that did not return within its bound: the manager stopped waiting for it
+// and treats its outcome as unknown (a transient failure).
+var ErrCallAbandoned = errors.New("lease: call abandoned at its time bound")
+
+// bounded runs f with a context that ends after d and returns when f
+// returns or d has passed, whichever comes first. Every wait the failover
+// budgets count is bounded this way, so the bound holds even for a Store or
+// a CloseSource that overruns its context: such a call is abandoned (its
+// goroutine ends when f returns; its result is discarded) and reported as
+// an error wrapping ErrCallAbandoned and the context's error.
+func bounded[T any](ctx context.Context, d time.Duration, what string, f func(context.Context) (T, error)) (T, error) {
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := f(cctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-cctx.Done():
+	}
+	select {
+	case r := <-done: // returned at the bound
+		return r.v, r.err
+	default:
+	}
+	var zero T
+	return zero, fmt.Errorf("%w: %s did not return within %v: %w", ErrCallAbandoned, what, d, context.Cause(cctx))
 }

@@ -366,3 +366,106 @@ func TestBrokerPathFailoverWithinBudget(t *testing.T) {
 	}
 	t.Logf("broker-path failover: standby owned %v after the path was lost (budget %v)", took.Round(time.Millisecond), budget.Total)
 }
+
+// stubborn is a store whose selected calls block until unblock is closed,
+// ignoring their context: a buggy or wedged Store implementation (a real
+// store cannot be made to do that on demand).
+type stubborn struct {
+	lease.Store
+	renew, acquire atomic.Bool
+	acquires       atomic.Int32
+	unblock        chan struct{}
+}
+
+func newStubborn(t *testing.T, s lease.Store) *stubborn {
+	st := &stubborn{Store: s, unblock: make(chan struct{})}
+	t.Cleanup(func() { close(st.unblock) })
+	return st
+}
+
+var errUnblocked = errors.New("stubborn call unblocked")
+
+func (s *stubborn) Renew(ctx context.Context, id string, tok lease.Token, ttl time.Duration) error {
+	if s.renew.Load() {
+		<-s.unblock
+		return errUnblocked
+	}
+	return s.Store.Renew(ctx, id, tok, ttl)
+}
+
+func (s *stubborn) Acquire(ctx context.Context, c lease.Claim) (lease.Token, error) {
+	s.acquires.Add(1)
+	if s.acquire.Load() {
+		<-s.unblock
+		return lease.Token{}, errUnblocked
+	}
+	return s.Store.Acquire(ctx, c)
+}
+
+// The budgets count one renew_call_timeout per store call and
+// min(5s, step_down_grace) per bounded step-down phase. A store call or a
+// CloseSource that ignores its context must not stretch them: the manager
+// stops waiting at the bound. (Before, a wedged Renew froze the renew loop
+// past the local deadline with no step-down and no release, a wedged
+// Acquire stopped a standby from ever polling again, and a wedged
+// CloseSource kept Run from returning.)
+func TestCallsThatIgnoreTheirContextAreBounded(t *testing.T) {
+	t.Parallel()
+	c := cadence()
+	phase := c.StepDownPhaseBound()
+
+	t.Run("renew", func(t *testing.T) {
+		t.Parallel()
+		st := newStubborn(t, openStore(t, filepath.Join(t.TempDir(), "l.db")))
+		a := start(t, lease.Config{Store: st, Session: "s", InstanceID: "a", Cadence: c})
+		waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+		own := a.m.Ownership()
+		st.renew.Store(true)
+		lost := waitEvent(t, a, lease.EventLost, c.LeaseTTL+5*time.Second)
+		if lost.Reason != lease.ReasonDeadline {
+			t.Fatalf("loss reason %q, want deadline", lost.Reason)
+		}
+		if own.Valid() {
+			t.Fatal("tenure still valid after the loss")
+		}
+		if rel := waitEvent(t, a, lease.EventReleased, 2*phase+5*time.Second); rel.Err != nil {
+			t.Fatalf("release after the deadline: %v", rel.Err)
+		}
+	})
+
+	t.Run("acquire", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "l.db")
+		a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c})
+		waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+		st := newStubborn(t, openStore(t, path))
+		st.acquire.Store(true)
+		b := start(t, lease.Config{Store: st, Session: "s", InstanceID: "b", Cadence: c})
+		// One poll costs at most renew_call_timeout + max_jittered_poll.
+		waitFor(t, 20*(c.RenewCallTimeout+c.MaxJitteredPoll())+5*time.Second, "the standby keeps polling past wedged Acquire calls",
+			func() bool { return st.acquires.Load() >= 5 })
+		stopped := time.Now()
+		b.cancel()
+		if err := b.wait(t, c.RenewCallTimeout+5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("standby stopped %v after cancel with an Acquire wedged", time.Since(stopped).Round(time.Millisecond))
+	})
+
+	t.Run("close source", func(t *testing.T) {
+		t.Parallel()
+		unblock := make(chan struct{})
+		t.Cleanup(func() { close(unblock) })
+		a := start(t, lease.Config{Store: openStore(t, filepath.Join(t.TempDir(), "l.db")), Session: "s", InstanceID: "a", Cadence: c,
+			CloseSource: func(context.Context) error { <-unblock; return nil }})
+		waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+		a.cancel()
+		// Three bounded phases: close, grace, release.
+		if err := a.wait(t, 2*phase+c.StepDownGrace+5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if rel := waitEvent(t, a, lease.EventReleased, time.Second); rel.Err != nil {
+			t.Fatalf("release: %v", rel.Err)
+		}
+	})
+}
