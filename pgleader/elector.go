@@ -138,6 +138,10 @@ type Elector struct {
 	// confirmTimeout is the timeout of one confirmation, T/3; tests raise
 	// it to show that the watchdog alone ends the leadership.
 	confirmTimeout time.Duration
+	// probe, nil outside tests, runs a function on the lock session from
+	// the lead loop while no confirmation is in flight (the connection is
+	// not safe for concurrent use).
+	probe chan func(*pgx.Conn)
 
 	mu         sync.Mutex
 	leader     bool
@@ -656,6 +660,11 @@ func (e *Elector) endStaleLeader(ctx context.Context) bool {
 	return true
 }
 
+var (
+	errConfirmTimeout = errors.New("pgleader: leadership ended: no confirmation of the lock session answered for T/2")
+	errResigned       = errors.New("pgleader: leadership ended")
+)
+
 type confirmResult struct {
 	sent time.Time
 	err  error
@@ -664,13 +673,33 @@ type confirmResult struct {
 // lead runs one term. It returns true after a planned stop (ctx ended) and
 // false after a resignation.
 func (e *Elector) lead(ctx context.Context, s *session, term int64) (stopped bool) {
-	lctx, lcancel := context.WithCancel(context.Background())
+	lctx, lcancel := context.WithCancelCause(context.Background())
+	// The watchdog ends the leader context at the latest T/2 after the last
+	// answer by a timer of its own, so that nothing the lead loop waits for
+	// (OnElected, a goroutine scheduled late after a pause) can keep the
+	// context of the jobs alive past that point. The loop only moves the
+	// time of the last answer forward, under e.mu, and resigns once it sees
+	// the context ended.
+	var watchdog *time.Timer
+	expire := func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if lctx.Err() != nil {
+			return
+		}
+		if left := time.Until(e.lastAnswer.Add(e.k.ResignAfter)); left > 0 {
+			watchdog.Reset(left)
+			return
+		}
+		lcancel(errConfirmTimeout)
+	}
 	e.mu.Lock()
 	e.leader, e.term, e.leaderCtx = true, term, lctx
 	close(e.electedCh)
 	e.electedCh = make(chan struct{})
-	last := e.lastAnswer
+	watchdog = time.AfterFunc(time.Until(e.lastAnswer.Add(e.k.ResignAfter)), expire)
 	e.mu.Unlock()
+	defer watchdog.Stop()
 	e.lastTerm.Store(term)
 	e.m.leader.Set(1)
 	e.m.term.Set(float64(term))
@@ -691,18 +720,22 @@ func (e *Elector) lead(ctx context.Context, s *session, term int64) (stopped boo
 	inflight := false
 	ticker := time.NewTicker(e.k.ConfirmInterval)
 	defer ticker.Stop()
-	watchdog := time.NewTimer(time.Until(last.Add(e.k.ResignAfter)))
-	defer watchdog.Stop()
 	reason := ""
 loop:
 	for {
+		probe := e.probe
+		if inflight {
+			probe = nil
+		}
 		select {
 		case <-ctx.Done():
 			reason = ReasonStop
 			break loop
-		case <-watchdog.C:
+		case <-lctx.Done():
 			reason = ReasonConfirmTimeout
 			break loop
+		case p := <-probe:
+			p(s.conn)
 		case t := <-e.termLost:
 			if t == term {
 				reason = ReasonTermLost
@@ -724,15 +757,16 @@ loop:
 				break loop
 			}
 			e.mu.Lock()
-			e.lastAnswer = r.sent
-			e.mu.Unlock()
-			if !watchdog.Stop() {
-				select {
-				case <-watchdog.C:
-				default:
-				}
+			expired := lctx.Err() != nil
+			if !expired {
+				e.lastAnswer = r.sent
+				watchdog.Reset(time.Until(r.sent.Add(e.k.ResignAfter)))
 			}
-			watchdog.Reset(time.Until(r.sent.Add(e.k.ResignAfter)))
+			e.mu.Unlock()
+			if expired {
+				reason = ReasonConfirmTimeout
+				break loop
+			}
 		}
 	}
 
@@ -740,7 +774,7 @@ loop:
 	e.mu.Lock()
 	e.leader = false
 	e.mu.Unlock()
-	lcancel()
+	lcancel(errResigned)
 	e.m.leader.Set(0)
 	e.m.resignations.WithLabelValues(reason).Inc()
 	if reason == ReasonStop {

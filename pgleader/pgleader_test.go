@@ -3,6 +3,7 @@ package pgleader
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -102,20 +103,26 @@ func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) t
 	return 0
 }
 
+// Test (2) of the spec: the lock session itself (the connection that holds
+// the advisory lock, probed from the lead loop and identified through
+// pg_locks) and the listener's session report the derived parameters with
+// SHOW; the pool keeps the server defaults.
 func TestSessionReportsDerivedParameters(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
-	e, err := New(Config{Pool: pool, LeaderSessionTimeout: testT, Logger: testLogger(t)})
+	e, err := New(Config{Pool: pool, LeaderSessionTimeout: testT, ID: "a", Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.probe = make(chan func(*pgx.Conn))
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	waitFor(t, "a leads", 20*time.Second, e.IsLeader)
+
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := e.ConnectSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	k := e.Keepalive()
 	want := map[string]string{
 		"tcp_keepalives_idle":     strconv.Itoa(int(k.KeepalivesIdle / time.Second)),
@@ -123,17 +130,74 @@ func TestSessionReportsDerivedParameters(t *testing.T) {
 		"tcp_keepalives_count":    strconv.Itoa(k.KeepalivesCount),
 		"tcp_user_timeout":        strconv.FormatInt(k.UserTimeout.Milliseconds(), 10),
 	}
-	for name, v := range want {
-		var got string
-		if err := conn.QueryRow(ctx, "SHOW "+name).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("SHOW %s = %s", name, got)
-		// PostgreSQL 15 prints plain numbers; accept a unit suffix too.
-		if got != v && got != v+"s" && got != v+"ms" {
-			t.Errorf("SHOW %s = %q, want %s", name, got, v)
+	check := func(session string, show func(name string) (string, error)) {
+		t.Helper()
+		for name, v := range want {
+			got, err := show(name)
+			if err != nil {
+				t.Fatalf("%s: SHOW %s: %v", session, name, err)
+			}
+			t.Logf("%s: SHOW %s = %s", session, name, got)
+			// PostgreSQL 15 prints plain numbers; accept a unit suffix too.
+			if got != v && got != v+"s" && got != v+"ms" {
+				t.Errorf("%s: SHOW %s = %q, want %s", session, name, got, v)
+			}
 		}
 	}
+
+	// The lock session, through the lead loop.
+	type probed struct {
+		pid  int32
+		show map[string]string
+		err  error
+	}
+	res := make(chan probed, 1)
+	req := func(conn *pgx.Conn) {
+		p := probed{show: map[string]string{}}
+		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer qcancel()
+		p.err = conn.QueryRow(qctx, "SELECT pg_backend_pid()").Scan(&p.pid)
+		for name := range want {
+			if p.err != nil {
+				break
+			}
+			var v string
+			p.err = conn.QueryRow(qctx, "SHOW "+name).Scan(&v)
+			p.show[name] = v
+		}
+		res <- p
+	}
+	select {
+	case e.probe <- req:
+	case <-ctx.Done():
+		t.Fatal("the lead loop did not take the probe")
+	}
+	p := <-res
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	// It is the session that holds the leader lock.
+	var holds bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE `+lockKeyWhere+` AND l.pid = $2)`,
+		e.LockKey(), p.pid).Scan(&holds); err != nil {
+		t.Fatal(err)
+	}
+	if !holds || p.pid != e.lockPID.Load() {
+		t.Fatalf("probed backend %d holds the lock: %v; lock pid %d", p.pid, holds, e.lockPID.Load())
+	}
+	check(fmt.Sprintf("lock session (pid %d)", p.pid), func(name string) (string, error) { return p.show[name], nil })
+
+	// The listener's session (Listen opens it with ConnectSession).
+	conn, err := e.ConnectSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	check("listener session", func(name string) (got string, err error) {
+		err = conn.QueryRow(ctx, "SHOW "+name).Scan(&got)
+		return got, err
+	})
+
 	// The pool keeps the server defaults.
 	var idle string
 	if err := pool.QueryRow(ctx, "SHOW tcp_keepalives_idle").Scan(&idle); err != nil {
@@ -141,6 +205,55 @@ func TestSessionReportsDerivedParameters(t *testing.T) {
 	}
 	if idle == want["tcp_keepalives_idle"] || idle == want["tcp_keepalives_idle"]+"s" {
 		t.Errorf("pool connection has the session keepalives: %q", idle)
+	}
+}
+
+// The leader context ends at the latest T/2 after the last answer by a
+// timer of its own, even while the lead loop cannot run: here OnElected
+// blocks (against its contract) so no confirmation is sent. Before the
+// fix the context stayed live until OnElected returned, however long.
+func TestLeaderContextEndsWithoutTheLeadLoop(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	type result struct {
+		elected, ended time.Time
+		cause          error
+	}
+	got := make(chan result, 1)
+	var first atomic.Bool
+	first.Store(true)
+	a := startReplica(t, pool, "a", func(cfg *Config) {
+		cfg.OnElected = func(ctx context.Context, term int64) {
+			if !first.CompareAndSwap(true, false) {
+				return
+			}
+			r := result{elected: time.Now()}
+			select {
+			case <-ctx.Done():
+				r.cause = context.Cause(ctx)
+			case <-time.After(2 * testT):
+			}
+			r.ended = time.Now()
+			got <- r
+		}
+	})
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(3*testT + 20*time.Second):
+		t.Fatal("not elected")
+	}
+	k := a.e.Keepalive()
+	if r.cause == nil {
+		t.Fatalf("the leader context was still live %v after the election without any confirmation; resign after %v", r.ended.Sub(r.elected), k.ResignAfter)
+	}
+	if el := r.ended.Sub(r.elected); el > k.ResignAfter+time.Second {
+		t.Errorf("the leader context ended %v after the election, want at most T/2 = %v", el, k.ResignAfter)
+	}
+	t.Logf("leader context ended %v after the election: %v", r.ended.Sub(r.elected).Round(time.Millisecond), r.cause)
+	waitFor(t, "leads again in a new term", k.FollowerRetryMax+10*time.Second, func() bool { return a.e.Term() > 1 })
+	if got := testutil.ToFloat64(a.e.m.resignations.WithLabelValues(ReasonConfirmTimeout)); got != 1 {
+		t.Errorf("resignations{confirm_timeout} = %v", got)
 	}
 }
 
