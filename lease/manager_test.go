@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -468,4 +470,79 @@ func TestCallsThatIgnoreTheirContextAreBounded(t *testing.T) {
 			t.Fatalf("release: %v", rel.Err)
 		}
 	})
+}
+
+// counting fails every Renew while failing is set and counts the Renew
+// and Current calls, in order.
+type counting struct {
+	lease.Store
+	failing atomic.Bool
+	mu      sync.Mutex
+	calls   []string
+}
+
+func (c *counting) note(s string) {
+	c.mu.Lock()
+	c.calls = append(c.calls, s)
+	c.mu.Unlock()
+}
+
+func (c *counting) log() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.calls)
+}
+
+func (c *counting) Renew(ctx context.Context, id string, tok lease.Token, ttl time.Duration) error {
+	if c.failing.Load() {
+		c.note("renew")
+		return errors.New("injected transient renew failure")
+	}
+	return c.Store.Renew(ctx, id, tok, ttl)
+}
+
+func (c *counting) Current(ctx context.Context, id string) (lease.Record, error) {
+	c.note("current")
+	return c.Store.Current(ctx, id)
+}
+
+// The broker-path budget counts two store calls in a detection round: the
+// renew and, once the failure streak has reached max_renew_fails, one
+// authoritative read on that round and on every later one, never earlier
+// and never more than one per round.
+func TestAuthoritativeReadCadence(t *testing.T) {
+	t.Parallel()
+	c := cadence()
+	c.LeaseTTL = 10 * time.Second // the failing rounds end long before the local deadline
+	st := &counting{Store: openStore(t, filepath.Join(t.TempDir(), "l.db"))}
+	a := start(t, lease.Config{Store: st, Session: "s", InstanceID: "a", Cadence: c})
+	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	st.failing.Store(true)
+	rounds := c.MaxRenewFails + 3
+	waitFor(t, 30*time.Second, "failing renew rounds", func() bool {
+		n := 0
+		for _, s := range st.log() {
+			if s == "renew" {
+				n++
+			}
+		}
+		return n >= rounds
+	})
+	st.failing.Store(false)
+	got := st.log()
+	var want []string
+	for i := 1; i <= rounds; i++ {
+		want = append(want, "renew")
+		if i >= c.MaxRenewFails {
+			want = append(want, "current")
+		}
+	}
+	// The round in progress when failing was cleared may have added its
+	// read; compare the completed rounds.
+	if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+		t.Fatalf("store calls %v, want %v", got, want)
+	}
+	if !owns(a) {
+		t.Fatal("stepped down although the authoritative read named us")
+	}
 }
