@@ -9,8 +9,12 @@
 // holds (max_in_flight); a full route blocks the session's handler, which
 // stops reading from the broker: backpressure, not unbounded memory.
 //
-// Messages reach each sender in the order the session received them; only
-// a retried message can fall behind later ones.
+// Per-topic order survives retries: messages reach each sender in the
+// order the session received them, and when one fails, the later messages
+// of its topic wait for it (head-of-line per route, sender and topic)
+// until it is delivered or dead-lettered; other topics flow on. Messages
+// that a sender had already started when the failure was reported are not
+// recalled (see Route).
 package routing
 
 import (
@@ -24,6 +28,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
@@ -54,17 +60,69 @@ type RouteConfig struct {
 
 // Route delivers the messages of one receiver to its senders.
 type Route struct {
-	cfg   RouteConfig
-	log   *slog.Logger
-	slots chan struct{}
+	cfg     RouteConfig
+	log     *slog.Logger
+	slots   chan struct{}
+	targets []*target
 
 	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool // written under mu
 	timers map[*time.Timer]struct{}
 	wg     sync.WaitGroup
 	quit   chan struct{}
 
 	inFlight atomic.Int64
+
+	// The route's metric series, resolved once.
+	mIn       prometheus.Counter
+	mInFlight prometheus.Gauge
+}
+
+// target is one sender of the route with its lanes: per topic, the
+// messages it has not yet settled, in arrival order.
+//
+// A lane is open while its messages succeed: each is handed to the sender
+// as it arrives, pipelined. The first real failure blocks the lane: the
+// messages of the topic still at the sender are withdrawn (a sender fails
+// those it has not started with ErrWithdrawn), new ones wait in the lane,
+// and once nothing of the topic is at the sender the head is retried
+// alone after its backoff, until it is delivered or dead-lettered. Then
+// the lane opens and what waited is sent in order. Other topics flow on.
+//
+// Send is never called with mu held (a sender may call done before Send
+// returns). Messages to send are queued in outbox under mu, and whoever
+// finds nobody sending hands the outbox to the sender in order, so that
+// the sender sees each lane's messages in the order decided under mu.
+type target struct {
+	cfg   *Target
+	route *Route
+
+	mOut, mFailed prometheus.Counter
+
+	mu       sync.Mutex
+	lanes    map[string]*lane
+	freeLane *lane // an emptied lane kept for the next topic
+	outbox   []*delivery
+	spare    []*delivery
+	sending  bool
+}
+
+type lane struct {
+	items   []*delivery // unsettled, in arrival order
+	blocked bool
+	timer   bool // a retry of the head is scheduled
+}
+
+// delivery is one message on its way to one target.
+type delivery struct {
+	msg    sender.Message // this target's copy: it carries the withdrawal
+	t      *target
+	finish func()
+
+	// Under t.mu.
+	sent     bool // at the sender, result pending
+	attempts int  // failed attempts
+	due      bool // failed since its lane last made progress: back off
 }
 
 // NewRoute creates a route; Close stops its retries.
@@ -78,16 +136,20 @@ func NewRoute(cfg RouteConfig) *Route {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	for i := range cfg.Targets {
-		t := &cfg.Targets[i]
+	r := &Route{cfg: cfg, log: cfg.Logger.With("route", cfg.ID), slots: make(chan struct{}, cfg.MaxInFlight),
+		timers: map[*time.Timer]struct{}{}, quit: make(chan struct{}),
+		mIn: cfg.Metrics.In.WithLabelValues(cfg.ID), mInFlight: cfg.Metrics.InFlight.WithLabelValues(cfg.ID)}
+	for i := range r.cfg.Targets {
+		t := &r.cfg.Targets[i]
 		t.MaxAttempts = max(1, t.MaxAttempts)
 		if t.InitialBackoff <= 0 {
 			t.InitialBackoff = 100 * time.Millisecond
 		}
 		t.MaxBackoff = max(t.MaxBackoff, t.InitialBackoff)
+		r.targets = append(r.targets, &target{cfg: t, route: r, lanes: map[string]*lane{},
+			mOut: cfg.Metrics.Out.WithLabelValues(cfg.ID, t.ID), mFailed: cfg.Metrics.Failed.WithLabelValues(cfg.ID, t.ID)})
 	}
-	return &Route{cfg: cfg, log: cfg.Logger.With("route", cfg.ID), slots: make(chan struct{}, cfg.MaxInFlight),
-		timers: map[*time.Timer]struct{}{}, quit: make(chan struct{})}
+	return r
 }
 
 // ID names the route.
@@ -120,68 +182,224 @@ var ErrClosed = errors.New("route closed")
 // Deliver takes m once a slot is free (blocking while the route is full)
 // and calls settled exactly once when every sender accepted it or it was
 // dead-lettered. It returns ErrClosed, without calling settled, when the
-// route closes before a slot frees.
+// route closes before a slot frees. Deliver is called from one goroutine:
+// each sender receives a topic's messages in the order of these calls.
 func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	select {
 	case r.slots <- struct{}{}:
 	case <-r.quit:
 		return ErrClosed
 	}
+	if r.closed.Load() {
+		<-r.slots
+		return ErrClosed
+	}
 	r.inFlight.Add(1)
-	r.cfg.Metrics.InFlight.WithLabelValues(r.cfg.ID).Inc()
-	r.cfg.Metrics.In.WithLabelValues(r.cfg.ID).Inc()
-	msg := &sender.Message{Topic: r.Rewrite(m.Topic), SourceTopic: m.Topic, Payload: m.Payload, QoS: m.QoS,
-		Retain: m.Retain, Received: m.Received, Route: r.cfg.ID}
+	r.mInFlight.Inc()
+	r.mIn.Inc()
+	topic := r.Rewrite(m.Topic)
 	var pending atomic.Int32
-	pending.Store(int32(len(r.cfg.Targets)))
+	pending.Store(int32(len(r.targets)))
 	finish := func() {
 		if pending.Add(-1) == 0 {
 			r.inFlight.Add(-1)
-			r.cfg.Metrics.InFlight.WithLabelValues(r.cfg.ID).Dec()
+			r.mInFlight.Dec()
 			<-r.slots
 			settled()
 		}
 	}
-	for i := range r.cfg.Targets {
-		r.send(&r.cfg.Targets[i], msg, 1, finish)
+	for _, t := range r.targets {
+		d := &delivery{t: t, finish: finish, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
+			QoS: m.QoS, Retain: m.Retain, Received: m.Received, Route: r.cfg.ID}}
+		t.mu.Lock()
+		l := t.lanes[topic]
+		if l == nil {
+			if l = t.freeLane; l != nil {
+				t.freeLane = nil
+			} else {
+				l = &lane{}
+			}
+			t.lanes[topic] = l
+		}
+		l.items = append(l.items, d)
+		if !l.blocked {
+			d.sent = true
+			t.outbox = append(t.outbox, d)
+		}
+		r.flush(t) // unlocks t.mu
 	}
 	return nil
 }
 
-func (r *Route) send(t *Target, m *sender.Message, attempt int, finish func()) {
-	t.Sender.Send(m, func(err error) {
-		if err == nil {
-			r.cfg.Metrics.Out.WithLabelValues(r.cfg.ID, t.ID).Inc()
-			finish()
-			return
+// flush hands the outbox to the sender unless another goroutine already
+// does; it is called with t.mu held and returns with it released.
+func (r *Route) flush(t *target) {
+	if t.sending {
+		t.mu.Unlock()
+		return
+	}
+	t.sending = true
+	for len(t.outbox) > 0 {
+		batch := t.outbox
+		t.outbox = t.spare[:0]
+		t.mu.Unlock()
+		for _, d := range batch {
+			t.cfg.Sender.Send(&d.msg, d.done)
 		}
-		r.cfg.Metrics.Failed.WithLabelValues(r.cfg.ID, t.ID).Inc()
-		if attempt >= t.MaxAttempts {
-			reason := fmt.Sprintf("%d attempts failed; last error: %v", attempt, err)
-			if dlErr := r.cfg.DeadLetter.Write(r.cfg.ID, t.ID, m, reason, attempt); dlErr != nil {
-				r.log.Error("dead-letter write failed; the message stays unacknowledged and is retried", "sender", t.ID, "topic", m.Topic, "err", dlErr)
-				r.later(t.MaxBackoff, func() { r.send(t, m, attempt, finish) })
-				return
+		clear(batch)
+		t.mu.Lock()
+		t.spare = batch[:0]
+	}
+	t.sending = false
+	t.mu.Unlock()
+}
+
+// done is the sender's verdict on one attempt.
+func (d *delivery) done(err error) {
+	t, r := d.t, d.t.route
+	withdrawn := err != nil && errors.Is(err, sender.ErrWithdrawn)
+	settle := err == nil
+	if err != nil && !withdrawn {
+		t.mFailed.Inc()
+		t.mu.Lock()
+		d.attempts++
+		attempts := d.attempts
+		t.mu.Unlock()
+		if attempts >= t.cfg.MaxAttempts || sender.IsPermanent(err) {
+			reason := fmt.Sprintf("%d attempts failed; last error: %v", attempts, err)
+			if sender.IsPermanent(err) && attempts < t.cfg.MaxAttempts {
+				reason = fmt.Sprintf("permanent failure after %d attempts: %v", attempts, err)
 			}
-			r.cfg.Metrics.DeadLettered.WithLabelValues(r.cfg.ID, t.ID).Inc()
-			r.log.Warn("message dead-lettered", "sender", t.ID, "topic", m.Topic, "reason", reason)
-			finish()
+			if dlErr := r.cfg.DeadLetter.Write(r.cfg.ID, t.cfg.ID, &d.msg, reason, attempts); dlErr != nil {
+				r.log.Error("dead-letter write failed; the message stays unacknowledged and is retried", "sender", t.cfg.ID, "topic", d.msg.Topic, "err", dlErr)
+			} else {
+				r.cfg.Metrics.DeadLettered.WithLabelValues(r.cfg.ID, t.cfg.ID).Inc()
+				r.log.Warn("message dead-lettered", "sender", t.cfg.ID, "topic", d.msg.Topic, "reason", reason)
+				settle = true
+			}
+		} else {
+			r.log.Debug("delivery failed; retrying", "sender", t.cfg.ID, "topic", d.msg.Topic, "attempt", attempts, "err", err)
+		}
+	}
+	if err == nil {
+		t.mOut.Inc()
+	}
+
+	t.mu.Lock()
+	d.sent = false
+	l := t.lanes[d.msg.Topic]
+	switch {
+	case settle:
+		head := l.items[0] == d
+		l.items = removeItem(l.items, d)
+		if head {
+			// Progress: what failed alongside the head goes without a
+			// further backoff.
+			for _, o := range l.items {
+				o.due = false
+			}
+		}
+	case withdrawn:
+		l.blocked = true // normally already; never leave it idle in an open lane
+	default:
+		d.due = true
+		if !l.blocked {
+			l.blocked = true
+			for _, o := range l.items {
+				if o.sent {
+					o.msg.SetWithdrawn(true)
+				}
+			}
+		}
+	}
+	r.advance(t, d.msg.Topic, l)
+	r.flush(t)
+	if settle {
+		d.finish()
+	}
+}
+
+func removeItem(items []*delivery, d *delivery) []*delivery {
+	for i, o := range items {
+		if o == d {
+			if i == 0 {
+				items[0] = nil
+				return items[1:]
+			}
+			copy(items[i:], items[i+1:])
+			items[len(items)-1] = nil
+			return items[:len(items)-1]
+		}
+	}
+	return items
+}
+
+// advance moves a blocked lane on, with t.mu held: nothing happens while
+// any of its messages is at the sender or a retry is scheduled; a head
+// that failed is retried alone after its backoff; otherwise the lane
+// opens and everything waiting is sent in order. An empty lane is removed.
+func (r *Route) advance(t *target, topic string, l *lane) {
+	if len(l.items) == 0 {
+		if !l.timer {
+			delete(t.lanes, topic)
+			if t.freeLane == nil {
+				l.items, l.blocked = l.items[:0], false
+				t.freeLane = l
+			}
+		}
+		return
+	}
+	if !l.blocked || l.timer || r.closed.Load() {
+		return
+	}
+	for _, d := range l.items {
+		if d.sent {
 			return
 		}
-		backoff := t.InitialBackoff << min(attempt-1, 20)
-		backoff = min(backoff, t.MaxBackoff)
-		r.log.Debug("delivery failed; retrying", "sender", t.ID, "attempt", attempt, "backoff", backoff, "err", err)
-		r.later(backoff, func() { r.send(t, m, attempt+1, finish) })
+	}
+	head := l.items[0]
+	if !head.due {
+		l.blocked = false
+		for _, d := range l.items {
+			d.msg.SetWithdrawn(false)
+			d.sent = true
+			t.outbox = append(t.outbox, d)
+		}
+		return
+	}
+	backoff := t.cfg.MaxBackoff
+	if head.attempts < t.cfg.MaxAttempts {
+		backoff = min(t.cfg.InitialBackoff<<min(head.attempts-1, 20), t.cfg.MaxBackoff)
+	}
+	l.timer = r.later(backoff, func() {
+		t.mu.Lock()
+		l.timer = false
+		if cur := t.lanes[topic]; cur != l || len(l.items) == 0 {
+			if len(l.items) == 0 && cur == l {
+				delete(t.lanes, topic)
+			}
+			t.mu.Unlock()
+			return
+		}
+		head := l.items[0]
+		if !head.sent {
+			head.due = false
+			head.msg.SetWithdrawn(false)
+			head.sent = true
+			t.outbox = append(t.outbox, head)
+		}
+		r.flush(t)
 	})
 }
 
-// later runs f after d unless the route closes first; a message whose
-// retry is cancelled stays unacknowledged, so the broker redelivers it.
-func (r *Route) later(d time.Duration, f func()) {
+// later runs f after d unless the route closes first, and reports whether
+// it was scheduled; a message whose retry is cancelled stays
+// unacknowledged, so the broker redelivers it.
+func (r *Route) later(d time.Duration, f func()) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
-		return
+	if r.closed.Load() {
+		return false
 	}
 	r.wg.Add(1)
 	var t *time.Timer
@@ -189,24 +407,25 @@ func (r *Route) later(d time.Duration, f func()) {
 		defer r.wg.Done()
 		r.mu.Lock()
 		delete(r.timers, t)
-		closed := r.closed
+		closed := r.closed.Load()
 		r.mu.Unlock()
 		if !closed {
 			f()
 		}
 	})
 	r.timers[t] = struct{}{}
+	return true
 }
 
 // Close cancels pending retries and unblocks Deliver. Messages in flight
 // stay unacknowledged.
 func (r *Route) Close() {
 	r.mu.Lock()
-	if r.closed {
+	if r.closed.Load() {
 		r.mu.Unlock()
 		return
 	}
-	r.closed = true
+	r.closed.Store(true)
 	close(r.quit)
 	for t := range r.timers {
 		if t.Stop() {

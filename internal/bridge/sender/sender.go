@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,7 +24,20 @@ type Message struct {
 	Received time.Time
 	// Route names the route delivering it.
 	Route string
+
+	withdrawn atomic.Bool
 }
+
+// SetWithdrawn marks m withdrawn (true) or wanted again (false). The route
+// withdraws the messages it has handed to a sender when an earlier message
+// of the same topic failed: they must wait until that one is delivered or
+// dead-lettered, so that the topic's order survives the retry.
+func (m *Message) SetWithdrawn(w bool) { m.withdrawn.Store(w) }
+
+// Withdrawn reports whether the route withdrew m. A sender checks it just
+// before it starts delivering m, and fails a withdrawn m with ErrWithdrawn
+// instead of delivering it. A message already on its way is not recalled.
+func (m *Message) Withdrawn() bool { return m.withdrawn.Load() }
 
 // Sender delivers messages to one destination.
 //
@@ -44,6 +58,32 @@ type Sender interface {
 // ErrClosed fails messages sent to, or pending in, a closed sender.
 var ErrClosed = errors.New("sender closed")
 
+// ErrWithdrawn fails a message that the sender did not attempt because it
+// was withdrawn (see Message.Withdrawn) or because an earlier message of
+// its topic in the same batch failed. It does not count as an attempt.
+var ErrWithdrawn = errors.New("sender: not attempted: an earlier message of the topic failed")
+
+// Permanent marks err as a failure that a retry of the same message cannot
+// cure (the destination refused the message itself); the route
+// dead-letters the message without spending its remaining attempts.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, is Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return p.err.Error() }
+func (p permanentError) Unwrap() error { return p.err }
+
 type item struct {
 	m    *Message
 	done func(error)
@@ -52,7 +92,10 @@ type item struct {
 // Batch is a Sender for destinations that deliver synchronously. One
 // goroutine takes what has queued, up to MaxBatch messages, hands them to
 // the deliver function in order and reports each result: a file is written
-// once per batch, a NATS connection flushed once per batch.
+// once per batch, a NATS connection flushed once per batch. Messages
+// withdrawn by then fail with ErrWithdrawn without reaching deliver. A
+// deliver function that fails one message must not deliver the later
+// messages of its topic in the same batch (fail them, or ErrWithdrawn).
 type Batch struct {
 	deliver  func(ctx context.Context, ms []*Message) []error
 	maxBatch int
@@ -113,6 +156,20 @@ func (b *Batch) run() {
 			b.mu.Unlock()
 			if n == 0 {
 				break
+			}
+			// Withdrawn messages fail without an attempt; the rest keep
+			// their order.
+			kept := batch[:0]
+			for _, it := range batch {
+				if it.m.Withdrawn() {
+					it.done(ErrWithdrawn)
+					continue
+				}
+				kept = append(kept, it)
+			}
+			batch = kept
+			if len(batch) == 0 {
+				continue
 			}
 			ms = ms[:0]
 			for _, it := range batch {

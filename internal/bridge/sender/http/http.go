@@ -22,7 +22,9 @@ type Config struct {
 	Client  *http.Client // nil: a client with Timeout
 }
 
-// Sender POSTs messages, one at a time and in order.
+// Sender POSTs messages, one at a time and in order. After a failed POST,
+// the later messages of the same topic that were queued with it are not
+// posted (ErrWithdrawn): the route retries the failed one first.
 type Sender struct {
 	*sender.Batch
 	cfg    Config
@@ -37,8 +39,20 @@ func New(cfg Config) *Sender {
 	}
 	s.Batch = sender.NewBatch(64, func(ctx context.Context, ms []*sender.Message) []error {
 		errs := make([]error, len(ms))
+		// A topic whose message failed gets no later POST in this batch:
+		// the route retries that message before them, in order.
+		var failed map[string]bool
 		for i, m := range ms {
-			errs[i] = s.post(ctx, m)
+			if failed[m.Topic] || m.Withdrawn() {
+				errs[i] = sender.ErrWithdrawn
+				continue
+			}
+			if errs[i] = s.post(ctx, m); errs[i] != nil {
+				if failed == nil {
+					failed = map[string]bool{}
+				}
+				failed[m.Topic] = true
+			}
 		}
 		return errs
 	})

@@ -122,6 +122,10 @@ func (s *Sender) run() {
 		s.queue = nil
 		s.mu.Unlock()
 		for _, it := range q {
+			if it.m.Withdrawn() {
+				it.done(sender.ErrWithdrawn)
+				continue
+			}
 			it.done(fmt.Errorf("mqtt sender: not connected: %w", err))
 		}
 		if s.ctx.Err() != nil {
@@ -224,11 +228,23 @@ func (s *Sender) session() error {
 				break
 			}
 			n := min(room, len(s.queue))
-			batch := append([]item(nil), s.queue[:n]...)
+			batch := make([]item, 0, n)
+			var withdrawn []item
+			for _, it := range s.queue[:n] {
+				// A withdrawn message waits for an earlier one of its
+				// topic that failed; it is not written.
+				if it.m.Withdrawn() {
+					withdrawn = append(withdrawn, it)
+					continue
+				}
+				batch = append(batch, it)
+			}
+			clear(s.queue[:n])
 			s.queue = s.queue[n:]
 			if len(s.queue) == 0 {
 				s.queue = nil
 			}
+			n = len(batch)
 			now := time.Now()
 			ids := make([]uint16, n)
 			for i := range batch {
@@ -250,6 +266,9 @@ func (s *Sender) session() error {
 				s.pending[nextID] = batch[i]
 			}
 			s.mu.Unlock()
+			for _, it := range withdrawn {
+				it.done(sender.ErrWithdrawn)
+			}
 			for i, it := range batch {
 				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain}
 				if _, err := p.WriteTo(conn); err != nil {

@@ -117,3 +117,57 @@ func TestOrderLossAndReconnect(t *testing.T) {
 		t.Fatalf("send after Close: %v", err)
 	}
 }
+
+// A message withdrawn before the sender writes it fails with ErrWithdrawn
+// and never reaches the broker; the messages around it do, in order.
+func TestWithdrawnIsNotPublished(t *testing.T) {
+	b, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var mu sync.Mutex
+	var got []string
+	sub, err := embroker.Connect(context.Background(), b.URL, "sub-w", true, func(p *paho.Publish) {
+		mu.Lock()
+		got = append(got, string(p.Payload))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if err := sub.Subscribe(context.Background(), "w/#", 1); err != nil {
+		t.Fatal(err)
+	}
+	s := mqttsender.New(mqttsender.Config{Broker: b.URL, ClientID: "snd-w", QoS: 1, KeepAlive: time.Second, ConnectTimeout: time.Second, Timeout: 2 * time.Second})
+	defer s.Close(context.Background())
+	if err := wait(t, send(s, "w/x", "1")); err != nil {
+		t.Fatal(err)
+	}
+	w := &sender.Message{Topic: "w/x", Payload: []byte("withdrawn"), QoS: 1}
+	w.SetWithdrawn(true)
+	wch := make(chan error, 1)
+	s.Send(w, func(err error) { wch <- err })
+	if err := wait(t, send(s, "w/x", "2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, wch); !errors.Is(err, sender.ErrWithdrawn) {
+		t.Fatalf("withdrawn message: %v, want ErrWithdrawn", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n >= 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(got) != "[1 2]" {
+		t.Fatalf("subscriber got %v, want [1 2]", got)
+	}
+}
