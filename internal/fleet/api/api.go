@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -85,24 +86,34 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/agents/{uid}", a.auth(a.getAgent))
 	mux.Handle("PUT /api/v1/agents/{uid}/config", a.auth(a.setConfig))
 	mux.Handle("GET /api/v1/cluster", a.auth(a.cluster))
+	mux.Handle("GET /api/v1/tokens", a.auth(a.listTokens))
+	mux.Handle("DELETE /api/v1/tokens/{id}", a.auth(a.revokeToken))
 	mux.Handle("/api/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
 }
 
-// Authenticate returns the token name of a valid token, or "".
+// Authenticate returns the token name of a valid token, or "" for an
+// unknown or revoked one. It asks the database every time, so a revoked
+// token is refused at once on every replica.
 func (a *API) Authenticate(ctx context.Context, tok string) (string, error) {
-	name, ok, err := a.o.Store.VerifyToken(ctx, tok)
+	t, ok, err := a.o.Store.CheckToken(ctx, tok)
 	if !ok {
 		return "", err
 	}
-	return name, nil
+	return t.Name, nil
 }
 
 type ctxKey struct{}
 
 // TokenName is the name of the token that authenticated the request.
-func TokenName(ctx context.Context) string { s, _ := ctx.Value(ctxKey{}).(string); return s }
+func TokenName(ctx context.Context) string { t, _ := ctx.Value(ctxKey{}).(store.Token); return t.Name }
+
+// tokenRef names the token of the request for logs and revoked_by.
+func tokenRef(ctx context.Context) string {
+	t, _ := ctx.Value(ctxKey{}).(store.Token)
+	return fmt.Sprintf("token %s (id %d)", t.Name, t.ID)
+}
 
 func (a *API) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -112,17 +123,17 @@ func (a *API) auth(h http.HandlerFunc) http.Handler {
 			writeErr(w, http.StatusUnauthorized, "an API token is required (Authorization: Bearer <token>; create one with `myriarchd token create`)")
 			return
 		}
-		name, err := a.Authenticate(r.Context(), tok)
+		t, ok, err := a.o.Store.CheckToken(r.Context(), tok)
 		if err != nil {
 			writeErr(w, http.StatusServiceUnavailable, "checking the token failed: "+err.Error())
 			return
 		}
-		if name == "" {
+		if !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="myriarchd", error="invalid_token"`)
-			writeErr(w, http.StatusUnauthorized, "invalid API token")
+			writeErr(w, http.StatusUnauthorized, "invalid API token (unknown or revoked)")
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, name)))
+		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, t)))
 	})
 }
 
@@ -374,4 +385,54 @@ func (a *API) Cluster(ctx context.Context) (ClusterInfo, error) {
 		c.Jobs = a.o.Jobs()
 	}
 	return c, nil
+}
+
+// TokenList is the answer of GET /api/v1/tokens.
+type TokenList struct {
+	Tokens []store.Token `json:"tokens"`
+}
+
+func (a *API) listTokens(w http.ResponseWriter, r *http.Request) {
+	status := r.URL.Query().Get("status")
+	if status != store.TokensAll && status != store.TokensActive && status != store.TokensRevoked {
+		writeErr(w, http.StatusBadRequest, "status: must be active or revoked")
+		return
+	}
+	toks, err := a.o.Store.ListTokens(r.Context(), status)
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if toks == nil {
+		toks = []store.Token{}
+	}
+	writeJSON(w, http.StatusOK, TokenList{Tokens: toks})
+}
+
+// Revocation is the answer of DELETE /api/v1/tokens/{id}.
+type Revocation struct {
+	Token store.Token `json:"token"`
+	// Revoked is false when the token had been revoked before.
+	Revoked bool `json:"revoked"`
+}
+
+func (a *API) revokeToken(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id < 1 {
+		writeErr(w, http.StatusBadRequest, "id: must be a positive integer (the id that `myriarchd token list` shows)")
+		return
+	}
+	t, revoked, err := a.o.Store.RevokeToken(r.Context(), id, tokenRef(r.Context()))
+	if errors.Is(err, store.ErrNotFound) {
+		writeErr(w, http.StatusNotFound, "no token "+r.PathValue("id"))
+		return
+	}
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if revoked {
+		a.o.Log.Info("API token revoked", "id", t.ID, "name", t.Name, "by", t.RevokedBy)
+	}
+	writeJSON(w, http.StatusOK, Revocation{Token: t, Revoked: revoked})
 }

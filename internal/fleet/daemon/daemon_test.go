@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -417,5 +418,77 @@ func TestDrainTimeoutsDoNotStopTheLaterPhases(t *testing.T) {
 	// And the leader released its lock: B leads.
 	if !fleettest.Eventually(30*time.Second, b.Elector.IsLeader) {
 		t.Fatal("B does not lead after A stopped")
+	}
+}
+
+// Tokens are listed and revoked through the API; a revoked token is refused
+// by the very next request on every replica (they do not cache tokens).
+func TestTokensRevokedAtOnceOnEveryReplica(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	a := start(t, testConfig(t, pg.DSN(""), "replica-a", nil), nil)
+	defer a.Shutdown()
+	b := start(t, testConfig(t, pg.DSN(""), "replica-b", nil), nil)
+	defer b.Shutdown()
+	admin, adminTok, err := a.Store.IssueToken(ctx, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, ciTok, err := a.Store.IssueToken(ctx, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseA, baseB := "http://"+a.HTTPAddr().String(), "http://"+b.HTTPAddr().String()
+	onA, onB := client{baseA, adminTok}, client{baseB, adminTok}
+	ciOnB := client{baseB, ciTok}
+
+	for _, path := range []string{"/api/v1/tokens", "/api/v1/tokens/1"} {
+		method := "GET"
+		if strings.HasSuffix(path, "1") {
+			method = "DELETE"
+		}
+		if code := (client{base: baseA}).do(t, method, path, "", nil); code != 401 {
+			t.Fatalf("%s %s without token: %d", method, path, code)
+		}
+	}
+	if code := ciOnB.do(t, "GET", "/api/v1/agents", "", nil); code != 200 {
+		t.Fatalf("ci token before the revocation: %d", code)
+	}
+	var list api.TokenList
+	if code := onB.do(t, "GET", "/api/v1/tokens", "", &list); code != 200 || len(list.Tokens) != 2 ||
+		list.Tokens[0].ID != ci.ID || list.Tokens[1].ID != admin.ID || list.Tokens[0].LastUsedAt == nil {
+		t.Fatalf("list: %d %+v", code, list)
+	}
+
+	var rev api.Revocation
+	if code := onA.do(t, "DELETE", fmt.Sprintf("/api/v1/tokens/%d", ci.ID), "", &rev); code != 200 || !rev.Revoked ||
+		rev.Token.RevokedAt == nil || rev.Token.RevokedBy != fmt.Sprintf("token admin (id %d)", admin.ID) {
+		t.Fatalf("revoke: %d %+v", code, rev)
+	}
+	// The next request on the other replica is refused, the API's and the
+	// UI's check alike.
+	if code := ciOnB.do(t, "GET", "/api/v1/agents", "", nil); code != 401 {
+		t.Fatalf("revoked token on the other replica: %d", code)
+	}
+	if name, err := b.API.Authenticate(ctx, ciTok); name != "" || err != nil {
+		t.Fatalf("UI check accepts the revoked token: %q %v", name, err)
+	}
+	if code := onB.do(t, "GET", "/api/v1/agents", "", nil); code != 200 {
+		t.Fatalf("other token after the revocation: %d", code)
+	}
+	if code := onB.do(t, "DELETE", fmt.Sprintf("/api/v1/tokens/%d", ci.ID), "", &rev); code != 200 || rev.Revoked {
+		t.Fatalf("second revoke: %d %+v", code, rev)
+	}
+	for path, want := range map[string]int{"/api/v1/tokens/x": 400, "/api/v1/tokens/0": 400, fmt.Sprintf("/api/v1/tokens/%d", ci.ID+100): 404} {
+		if code := onA.do(t, "DELETE", path, "", nil); code != want {
+			t.Errorf("DELETE %s: %d, want %d", path, code, want)
+		}
+	}
+	list = api.TokenList{}
+	if code := onA.do(t, "GET", "/api/v1/tokens?status=revoked", "", &list); code != 200 || len(list.Tokens) != 1 || list.Tokens[0].ID != ci.ID {
+		t.Fatalf("revoked list: %d %+v", code, list)
+	}
+	if code := onA.do(t, "GET", "/api/v1/tokens?status=old", "", nil); code != 400 {
+		t.Fatalf("bad status: %d", code)
 	}
 }

@@ -455,36 +455,137 @@ func hashToken(tok string) []byte {
 	return h[:]
 }
 
+// Token is an API token as listed: never the token itself, which only its
+// creator saw, nor its hash.
+type Token struct {
+	ID         int64      `json:"id"`
+	Name       string     `json:"name"`
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
+	// RevokedAt is nil while the token is valid.
+	RevokedAt *time.Time `json:"revoked_at"`
+	// RevokedBy says who revoked it (a token name or the command line).
+	RevokedBy string `json:"revoked_by"`
+}
+
+// Active reports whether the token is not revoked.
+func (t Token) Active() bool { return t.RevokedAt == nil }
+
+const tokenCols = "id, name, created_at, last_used_at, revoked_at, revoked_by"
+
 // CreateToken creates an API token named name and returns it; only its
 // SHA-256 hash is stored.
 func (s *Store) CreateToken(ctx context.Context, name string) (string, error) {
-	if strings.TrimSpace(name) == "" {
-		return "", errors.New("token name must not be empty")
-	}
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	tok := TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
-	_, err := s.Pool.Exec(ctx, "INSERT INTO api_tokens (name, hash) VALUES ($1, $2)", name, hashToken(tok))
+	_, tok, err := s.IssueToken(ctx, name)
 	return tok, err
 }
 
-// VerifyToken returns the name of the token tok, or ok false.
+// IssueToken is CreateToken that also returns the stored record (its id
+// is what revokes it).
+func (s *Store) IssueToken(ctx context.Context, name string) (Token, string, error) {
+	if strings.TrimSpace(name) == "" {
+		return Token{}, "", errors.New("token name must not be empty")
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return Token{}, "", err
+	}
+	tok := TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
+	rows, err := s.Pool.Query(ctx, "INSERT INTO api_tokens (name, hash) VALUES ($1, $2) RETURNING "+tokenCols, name, hashToken(tok))
+	if err != nil {
+		return Token{}, "", err
+	}
+	t, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Token])
+	if err != nil {
+		return Token{}, "", err
+	}
+	return t, tok, nil
+}
+
+// VerifyToken returns the name of the token tok, or ok false when it is
+// unknown or revoked.
 func (s *Store) VerifyToken(ctx context.Context, tok string) (name string, ok bool, err error) {
+	t, ok, err := s.CheckToken(ctx, tok)
+	return t.Name, ok, err
+}
+
+// CheckToken returns the record of the valid token tok, or ok false when it
+// is unknown or revoked. Nothing is cached: a revocation takes effect on
+// every replica with the next request.
+func (s *Store) CheckToken(ctx context.Context, tok string) (Token, bool, error) {
 	if !strings.HasPrefix(tok, TokenPrefix) {
-		return "", false, nil
+		return Token{}, false, nil
 	}
 	// last_used_at is kept to the minute, so that reading pages costs no
 	// write per request.
-	err = s.Pool.QueryRow(ctx, `WITH t AS (SELECT id, name, last_used_at FROM api_tokens WHERE hash = $1),
+	rows, err := s.Pool.Query(ctx, `WITH t AS (SELECT `+tokenCols+` FROM api_tokens WHERE hash = $1 AND revoked_at IS NULL),
 		u AS (UPDATE api_tokens SET last_used_at = now() FROM t
-			WHERE api_tokens.id = t.id AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute'))
-		SELECT name FROM t`, hashToken(tok)).Scan(&name)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", false, nil
+			WHERE api_tokens.id = t.id AND api_tokens.revoked_at IS NULL
+				AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute'))
+		SELECT `+tokenCols+` FROM t`, hashToken(tok))
+	if err != nil {
+		return Token{}, false, err
 	}
-	return name, err == nil, err
+	t, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Token])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, false, nil
+	}
+	return t, err == nil, err
+}
+
+// Token statuses of ListTokens.
+const (
+	TokensAll     = ""
+	TokensActive  = "active"
+	TokensRevoked = "revoked"
+)
+
+// ListTokens returns the tokens, newest first: all, or only the active or
+// the revoked ones.
+func (s *Store) ListTokens(ctx context.Context, status string) ([]Token, error) {
+	where := ""
+	switch status {
+	case TokensAll:
+	case TokensActive:
+		where = " WHERE revoked_at IS NULL"
+	case TokensRevoked:
+		where = " WHERE revoked_at IS NOT NULL"
+	default:
+		return nil, fmt.Errorf("status %q: must be active or revoked", status)
+	}
+	rows, err := s.Pool.Query(ctx, "SELECT "+tokenCols+" FROM api_tokens"+where+" ORDER BY id DESC")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Token])
+}
+
+// RevokeToken revokes token id at once on every replica (they check the
+// database on each request). by is recorded as revoked_by. Revoking a
+// revoked token changes nothing and returns revoked false; an unknown id
+// is ErrNotFound.
+func (s *Store) RevokeToken(ctx context.Context, id int64, by string) (t Token, revoked bool, err error) {
+	rows, err := s.Pool.Query(ctx, `UPDATE api_tokens SET revoked_at = now(), revoked_by = $2
+		WHERE id = $1 AND revoked_at IS NULL RETURNING `+tokenCols, id, by)
+	if err != nil {
+		return Token{}, false, err
+	}
+	t, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Token])
+	if err == nil {
+		return t, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, false, err
+	}
+	rows, err = s.Pool.Query(ctx, "SELECT "+tokenCols+" FROM api_tokens WHERE id = $1", id)
+	if err != nil {
+		return Token{}, false, err
+	}
+	t, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Token])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, false, ErrNotFound
+	}
+	return t, false, err
 }
 
 // JobRun is the last run of a leader job.
