@@ -29,6 +29,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv(childConfigEnv); path != "" {
+		os.Exit(runChild(path))
+	}
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/mochi-mqtt/server/v2.(*Server).eventLoop"),
 		// database/sql's connection opener lives as long as the *sql.DB's

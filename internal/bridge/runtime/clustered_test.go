@@ -1,0 +1,342 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
+	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/health"
+	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/etcdstore"
+	"github.com/myriarch/myriarch/lease/pgstore"
+)
+
+// childConfigEnv makes the test binary a bridge process (see TestMain):
+// it runs the configuration file it names, with its HTTP endpoints, until
+// it is killed.
+const childConfigEnv = "MYRIARCH_RUNTIME_TEST_CHILD_CONFIG"
+
+func runChild(path string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		log.Error("config", "err", err)
+		return 1
+	}
+	cfg, err := config.Parse(path, data)
+	if err != nil {
+		log.Error("config", "err", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	reg := prometheus.NewRegistry()
+	b, err := runtime.New(ctx, cfg, runtime.Options{Logger: log, Registerer: reg})
+	if err != nil {
+		log.Error("start", "err", err)
+		return 1
+	}
+	srv, err := health.Listen(cfg.Bridge.HTTPListen, health.Handler(b, reg))
+	if err != nil {
+		log.Error("http", "err", err)
+		return 1
+	}
+	defer srv.Shutdown(context.Background())
+	if err := b.Run(ctx); err != nil {
+		log.Error("run", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// clusteredTemplate is cfgTemplate in clustered mode on a shared store.
+const clusteredTemplate = `
+bridge:
+  id: t
+  instance_id: INSTANCE
+  deployment_mode: clustered
+  shutdown_timeout: 5s
+  http: {listen: "HTTP"}
+  dead_letter: {path: DIR/dl-INSTANCE.jsonl}
+  state_dir: DIR/INSTANCE
+stores:
+  lease: STORE
+sessions:
+  - id: plant
+    session_mode: exclusive
+    brokers: ["BROKER"]
+    client_id: plant-bridge
+    keep_alive: 1s
+    connect_timeout: 1s
+    reconcile_timeout: 1s
+    unmatched_grace: 1s
+receivers:
+  - {id: in, session: plant, topics: [{filter: "in/#", qos: 1}]}
+senders:
+  - {id: sink, type: http, http: {url: "SINK"}, retry: {max_attempts: 10, initial_backoff: 10ms}}
+routes:
+  - id: r
+    receiver: in
+    senders: [sink]
+    lease_ttl: 5s
+    step_down_grace: 1s
+    broker_health_step_down: "off"
+    failover_slo: 60s
+`
+
+func clusteredConfig(t *testing.T, dir, id, httpAddr, store, broker, sinkURL string) (string, *config.Config) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, id), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	y := strings.NewReplacer("INSTANCE", id, "HTTP", httpAddr, "DIR", dir, "STORE", store, "BROKER", broker, "SINK", sinkURL).Replace(clusteredTemplate)
+	path := filepath.Join(dir, id+".yaml")
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse(path, []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, cfg
+}
+
+// child is a bridge process running this test binary.
+type child struct {
+	cmd    *exec.Cmd
+	addr   string
+	stderr *bytes.Buffer
+	mu     *sync.Mutex
+}
+
+func startChild(t *testing.T, cfgPath, addr string) *child {
+	t.Helper()
+	c := &child{addr: addr, stderr: &bytes.Buffer{}, mu: &sync.Mutex{}}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), childConfigEnv+"="+cfgPath)
+	c.cmd.Stderr = lockedWriter{c.mu, c.stderr}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c.cmd.ProcessState == nil {
+			_ = c.cmd.Process.Kill()
+			_ = c.cmd.Wait()
+		}
+		if t.Failed() {
+			c.mu.Lock()
+			t.Logf("child %s stderr:\n%s", addr, c.stderr.String())
+			c.mu.Unlock()
+		}
+	})
+	return c
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// role is the child's session role and level from /status, "" when it
+// does not answer.
+func (c *child) role() string {
+	cl := http.Client{Timeout: time.Second}
+	resp, err := cl.Get("http://" + c.addr + "/status")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var st runtime.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Sessions) == 0 {
+		return ""
+	}
+	return st.Sessions[0].Role + "/" + st.Sessions[0].ServiceLevel
+}
+
+// startClustered runs instance id in this process on cfg.
+func startClustered(t *testing.T, cfg *config.Config) *instance {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("test_instance", cfg.Bridge.InstanceID)
+	b, err := runtime.New(context.Background(), cfg, runtime.Options{Logger: log, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{b: b, cancel: cancel, done: make(chan error, 1), reg: reg}
+	go func() { in.done <- b.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-in.done:
+		case <-time.After(20 * time.Second):
+			t.Error("bridge did not stop")
+		}
+	})
+	return in
+}
+
+// testClusteredTakeover: in clustered mode on a shared lease store, the
+// owner process is killed (SIGKILL: no release, no DISCONNECT); the
+// standby in this process takes the lease over once it expires, resumes
+// the broker session and delivers the QoS 1 messages that queued there;
+// at no time do both instances serve as owner, and the store names the
+// successor with a higher fencing version.
+func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
+	br, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = br.Close() }) // after the instances stop
+	dir := t.TempDir()
+	sk := newSink(t)
+	addrA, err := embroker.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pathA, _ := clusteredConfig(t, dir, "a", addrA, storeYAML, br.URL, sk.srv.URL)
+	a := startChild(t, pathA, addrA)
+	waitFor(t, "a owns and serves", func() bool { return a.role() == "owner/full" })
+	_, cfgB := clusteredConfig(t, dir, "b", "off", storeYAML, br.URL, sk.srv.URL)
+	bb := startClustered(t, cfgB)
+	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+
+	// Watch for two owners at once until the end of the test.
+	var both atomic.Int32
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for watchCtx.Err() == nil {
+			if strings.HasPrefix(role(bb), "owner") && strings.HasPrefix(a.role(), "owner") {
+				both.Add(1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	defer func() { stopWatch(); <-watched }()
+
+	ctx := context.Background()
+	before, err := store.Current(ctx, "t/plant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(before.Owner, "a#") {
+		t.Fatalf("store owner %q, want instance a", before.Owner)
+	}
+	p := publisher(t, br.URL)
+	pub(t, p, 0, 50)
+	waitFor(t, "first 50", func() bool { return sk.has(50) })
+
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.cmd.Wait()
+	pub(t, p, 50, 100) // queued in the broker session until b resumes it
+	if r := role(bb); r != "standby/none" {
+		t.Fatalf("b is %s before the lease could expire: the messages did not queue", r)
+	}
+	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
+	waitFor(t, "all 100 delivered", func() bool { return sk.has(100) })
+
+	after, err := store.Current(ctx, "t/plant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := bb.b.Status().Sessions[0]
+	if !strings.HasPrefix(after.Owner, "b#") || after.Owner != st.LeaseOwner || after.Version <= before.Version || st.LeaseVersion != after.Version {
+		t.Fatalf("store %+v before, %+v after; b reports owner %q version %d", before, after, st.LeaseOwner, st.LeaseVersion)
+	}
+	if n := both.Load(); n != 0 {
+		t.Fatalf("both instances reported owner in %d observations", n)
+	}
+}
+
+func TestClusteredTakeoverPostgres(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.New(t)
+	dsn := pg.DSN("")
+	store, err := pgstore.OpenDSN(context.Background(), dsn, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	testClusteredTakeover(t, fmt.Sprintf("{type: postgres, dsn: %q}", dsn), store)
+}
+
+func TestClusteredTakeoverEtcd(t *testing.T) {
+	t.Parallel()
+	endpoint := startEtcd(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	store := etcdstore.Open(cli, etcdstore.Options{Prefix: "/bridge-test/"})
+	defer store.Close()
+	testClusteredTakeover(t, fmt.Sprintf("{type: etcd, endpoints: [%q], prefix: /bridge-test/}", endpoint), store)
+}
+
+// startEtcd runs an embedded single-member etcd on free loopback ports
+// until the end of the test (as lease/internal/etcdtest does) and returns
+// its client URL.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	free := func() url.URL {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return url.URL{Scheme: "http", Host: l.Addr().String()}
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "bridge-test"
+	cfg.Dir = t.TempDir()
+	client, peer := free(), free()
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		t.Fatal("etcd not ready after 30s")
+	}
+	return client.String()
+}
