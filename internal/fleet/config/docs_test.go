@@ -52,11 +52,8 @@ func TestHelmDefaultsFollowTheSpec(t *testing.T) {
 	if err != nil || g != 90*time.Second || failover.DefaultPreStopSleep != 10*time.Second || v.PreStopSleepSeconds != 10 {
 		t.Fatalf("grace %v %v (preStop %d)", g, err, v.PreStopSleepSeconds)
 	}
-	// The template computes the same formula: preStop + 2 × shutdown + 15 + 5.
-	tpl, _ := os.ReadFile("../../../deploy/helm/myriarchd/templates/_helpers.tpl")
-	if !strings.Contains(string(tpl), "add .Values.preStopSleepSeconds (mul 2 $shutdown) 15 5") {
-		t.Fatal("the chart's grace-period formula changed")
-	}
+	// That the template computes the same formula, for any shutdownTimeout,
+	// is checked by rendering it: deploy/chart_test.go.
 	if failover.FinalFlushDeadline != 15*time.Second || failover.LeaderReleaseBound != 5*time.Second {
 		t.Fatal("the chart hard-codes 15 and 5")
 	}
