@@ -589,6 +589,10 @@ func (e *Elector) startTerm(ctx context.Context, s *session) (int64, error) {
 	return term, nil
 }
 
+// stopGrace is how long a planned stop waits for the end of an old lock
+// session through the pool before it closes the session's socket.
+const stopGrace = time.Second
+
 // blockerGrace is how long a new leader waits for fenced transactions of
 // the old term before it ends them.
 const blockerGrace = 300 * time.Millisecond
@@ -792,10 +796,15 @@ loop:
 	}
 	// End the lock session through a regular connection: this frees the
 	// lock at once when only the lock connection is affected.
+	// A planned stop that arrives meanwhile cuts the call short after
+	// stopGrace, so that the stop still closes the session within
+	// ReleaseTimeout (the call alone may take T/3 when the pool is stuck).
 	tctx, tcancel := context.WithTimeout(context.Background(), e.k.ConfirmTimeout)
+	onStop := context.AfterFunc(ctx, func() { time.AfterFunc(stopGrace, tcancel) })
 	if _, err := e.pool.Exec(tctx, "SELECT pg_terminate_backend($1)", int32(s.pid)); err != nil {
 		e.log.Warn("ending the old lock session failed; the server drops it by its keepalives", "pid", s.pid, "error", err)
 	}
+	onStop()
 	tcancel()
 	confirmStop()
 	if inflight {

@@ -665,3 +665,94 @@ func TestWatchdogResignsWithoutQueryTimeout(t *testing.T) {
 	}
 	t.Logf("b leads %v after the freeze", took)
 }
+
+// A planned stop that arrives while a resigned leader is still ending its
+// old lock session through a stuck pool (both its connections frozen)
+// closes the session within ReleaseTimeout. Before, the stop waited for
+// pg_terminate_backend through the pool for up to T/3 (200 s at T = 10 m).
+func TestStopWhileEndingTheOldSessionIsBounded(t *testing.T) {
+	c := pgtest.New(t)
+	target := net.JoinHostPort(c.Host, strconv.Itoa(c.Port))
+	lockProxy, err := pgtest.NewProxy(target, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockProxy.Close()
+	poolProxy, err := pgtest.NewProxy(target, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer poolProxy.Close()
+	scfg, err := pgx.ParseConfig("postgres://postgres@" + lockProxy.Addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := newPool(t, "postgres://postgres@"+poolProxy.Addr+"/postgres?sslmode=disable")
+	demoted := make(chan string, 4)
+	a := startReplica(t, pool, "a", func(cfg *Config) {
+		cfg.SessionConfig = scfg
+		cfg.OnDemoted = func(_ int64, reason string) { demoted <- reason }
+	})
+	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	k := a.e.Keepalive()
+	lockProxy.Freeze()
+	poolProxy.Freeze()
+	select {
+	case r := <-demoted:
+		if r == ReasonStop {
+			t.Fatalf("demoted with reason %q", r)
+		}
+	case <-time.After(k.ResignAfter + 10*time.Second):
+		t.Fatal("a did not resign")
+	}
+	// a now tries pg_terminate_backend through the frozen pool.
+	stopped := time.Now()
+	a.cancel()
+	closed := waitFor(t, "lock session closed after the stop", k.ConfirmTimeout+10*time.Second,
+		func() bool { return a.e.lockPID.Load() == 0 })
+	if closed > stopGrace+time.Second+500*time.Millisecond {
+		t.Errorf("the lock session was closed %v after the stop, want within %v", closed, stopGrace+time.Second)
+	}
+	if a.e.IsLeader() {
+		t.Error("still reports leadership")
+	}
+	t.Logf("lock session closed %v after the stop (%v after the stop request)", closed.Round(time.Millisecond), time.Since(stopped).Round(time.Millisecond))
+}
+
+// A registry heartbeat through the pool carries the lock pid the replica
+// knew when it sent it; one sent before the lock session registered itself
+// can commit after it (the heartbeat loop starts with the campaign). Such
+// a write must not erase the pid of the live lock session: the followers'
+// frozen-leader check finds the leader through it. (This race made
+// TestRegistryStaleRowsAndPrune flaky: HoldsLock false right after the
+// election.)
+func TestStaleHeartbeatKeepsTheLockPID(t *testing.T) {
+	c := pgtest.New(t)
+	pool := newPool(t, c.DSN(""))
+	a := startReplica(t, pool, "a", func(cfg *Config) { cfg.HeartbeatInterval = time.Hour })
+	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pid := a.e.lockPID.Load()
+	// The late heartbeat of a replica that had no lock session yet.
+	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := a.e.Replicas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].LockPID != pid || !rs[0].HoldsLock {
+		t.Fatalf("registry after a late heartbeat: %+v, want lock pid %d holding the lock", rs, pid)
+	}
+	// A pid whose backend is gone is replaced as before.
+	if _, err := pool.Exec(ctx, "UPDATE "+RegistryTable+" SET lock_pid = 0 WHERE id = 'a'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, true, pid); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err = a.e.Replicas(ctx); err != nil || len(rs) != 1 || rs[0].LockPID != pid {
+		t.Fatalf("registry: %+v, %v", rs, err)
+	}
+}

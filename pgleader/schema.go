@@ -141,18 +141,30 @@ func PruneReplicas(ctx context.Context, pool *pgxpool.Pool, olderThan time.Durat
 	return tag.RowsAffected(), nil
 }
 
-// registryUpsert writes the registry row. $6 is the lock pid; NULL keeps
-// none. On the lock session itself pass lockPIDSelf to record its own pid.
+// registryUpsert writes the registry row; the first %s is the lock pid,
+// the second the new value of lock_pid on conflict.
 const registryUpsert = `INSERT INTO ` + RegistryTable + ` AS r
 	(id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
 	VALUES ($1, $2, $3, $4, now(), $5, %s)
 	ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version,
 		started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,
-		is_leader = EXCLUDED.is_leader, lock_pid = EXCLUDED.lock_pid`
+		is_leader = EXCLUDED.is_leader, lock_pid = %s`
 
 var (
-	registryUpsertParam = fmt.Sprintf(registryUpsert, "$6")
-	registryUpsertSelf  = fmt.Sprintf(registryUpsert, "pg_backend_pid()")
+	// registryUpsertSelf runs on the lock session itself and records its
+	// own pid: the lock session is the authority on lock_pid.
+	registryUpsertSelf = fmt.Sprintf(registryUpsert, "pg_backend_pid()", "EXCLUDED.lock_pid")
+	// registryUpsertParam is the heartbeat through the pool; $6 is the lock
+	// pid the replica knew when it sent the write (NULL: none). That
+	// snapshot may be older than the row: a heartbeat sent before the lock
+	// session registered itself can commit after it. So it never replaces
+	// the pid of a backend that is still alive; otherwise it would hide the
+	// lock session from the followers' frozen-leader check until the next
+	// confirmation.
+	registryUpsertParam = fmt.Sprintf(registryUpsert, "$6", `CASE WHEN r.lock_pid IS NOT NULL
+			AND r.lock_pid IS DISTINCT FROM EXCLUDED.lock_pid
+			AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.lock_pid)
+		THEN r.lock_pid ELSE EXCLUDED.lock_pid END`)
 )
 
 // isUserTimeoutRefusal reports whether a connection error is the server
