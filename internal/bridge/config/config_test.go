@@ -114,6 +114,8 @@ func TestBadConfigs(t *testing.T) {
 		{"bad qos", []string{"qos: 1}", "qos: 3}"}, []string{`receivers[0].topics[0].qos: 3: must be 0, 1 or 2`}},
 		{"unknown refs", []string{"receiver: telemetry", "receiver: nope", "senders: [archive]", "senders: [archive, gone]"},
 			[]string{`routes[0].receiver: "nope": names no receiver`, `routes[0].senders[1]: "gone": names no sender`}},
+		{"kafka timeout below the client's minimum", []string{"type: file\n    file: {path: /tmp/archive.jsonl}", "type: kafka\n    kafka: {brokers: [\"127.0.0.1:9092\"], topic: t, timeout: 500ms}"},
+			[]string{`senders[0].kafka.timeout: "500ms": must be at least 1s (the Kafka client's minimum record delivery timeout)`}},
 		{"sender block mismatch", []string{"type: file", "type: http"}, []string{`senders[0].http: is required for a sender of type http`, `senders[0].file: does not apply to a sender of type "http"`}},
 		{"bad broker url", []string{"tcp://127.0.0.1:1883", "http://127.0.0.1"}, []string{`sessions[0].brokers[0]: "http://127.0.0.1": scheme must be tcp`}},
 		{"zero activation step", []string{"unmatched_grace: 1s", "unmatched_grace: 0s"}, []string{`sessions[0].unmatched_grace: "0s": must be a positive duration`}},

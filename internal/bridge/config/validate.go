@@ -499,6 +499,10 @@ func (v *validator) senders(f *File, cfg *Config) {
 				v.add(p+".kafka.topic", nil, "is required")
 			}
 			s.Timeout = v.positive(p+".kafka.timeout", k.Timeout, DefaultSenderTimeout)
+			if s.Timeout > 0 && s.Timeout < time.Second {
+				// franz-go refuses a record delivery timeout below 1s.
+				v.add(p+".kafka.timeout", k.Timeout, "must be at least 1s (the Kafka client's minimum record delivery timeout)")
+			}
 		case r.Type == senderFile && r.File != nil:
 			s.Path = r.File.Path
 			if s.Path == "" {
