@@ -268,3 +268,52 @@ func TestFailureWithdrawsAndHoldsTheTopic(t *testing.T) {
 		t.Fatalf("in flight %d", route.InFlight())
 	}
 }
+
+// refuser refuses payload "bad" for good and accepts the rest, recording
+// what it accepted.
+type refuser struct {
+	mu       sync.Mutex
+	calls    int
+	accepted []string
+}
+
+func (f *refuser) Send(m *sender.Message, done func(error)) {
+	f.mu.Lock()
+	f.calls++
+	if string(m.Payload) == "bad" {
+		f.mu.Unlock()
+		done(sender.Permanent(fmt.Errorf("refused for good")))
+		return
+	}
+	f.accepted = append(f.accepted, string(m.Payload))
+	f.mu.Unlock()
+	done(nil)
+}
+func (f *refuser) Close(context.Context) error { return nil }
+
+// A permanent failure is dead-lettered at the first attempt, without the
+// backoff schedule, and its topic goes on in order.
+func TestPermanentFailureDeadLettersAtOnce(t *testing.T) {
+	dlPath := filepath.Join(t.TempDir(), "dl.jsonl")
+	dl := routing.OpenDeadLetter(dlPath)
+	defer dl.Close()
+	f := &refuser{}
+	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, DeadLetter: dl,
+		Targets: []routing.Target{{ID: "f", Sender: f, MaxAttempts: 5, InitialBackoff: time.Hour, MaxBackoff: time.Hour}}})
+	defer route.Close()
+	var acked atomic.Int32
+	d := &routing.Dispatcher{Routes: []*routing.Route{route}}
+	for _, p := range []string{"1", "bad", "2", "3"} {
+		d.Handle(&mqtt.Message{Topic: "t", Payload: []byte(p), QoS: 1}, func() { acked.Add(1) })
+	}
+	waitFor(t, "all settled", func() bool { return acked.Load() == 4 })
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := fmt.Sprint(f.accepted); got != "[1 2 3]" || f.calls != 4 {
+		t.Fatalf("accepted %s in %d calls", got, f.calls)
+	}
+	lines := readLinesMaybe(dlPath)
+	if len(lines) != 1 || !strings.Contains(lines[0], `"attempts":1`) || !strings.Contains(lines[0], `permanent failure after 1 attempts: refused for good`) {
+		t.Fatalf("dead letters: %v", lines)
+	}
+}

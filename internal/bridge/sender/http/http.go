@@ -1,6 +1,8 @@
 // Package http is the bridge's HTTP sender: it POSTs each message's payload
 // and counts it accepted on a 2xx answer. The MQTT topic travels in the
-// X-Myriarch-Topic header.
+// X-Myriarch-Topic header, the route in X-Myriarch-Route. A 4xx answer that
+// refuses the message itself is a permanent failure (see Permanent): the
+// route dead-letters the message without retrying it.
 package http
 
 import (
@@ -18,9 +20,14 @@ import (
 type Config struct {
 	URL     string
 	Headers map[string]string
-	Timeout time.Duration
-	Client  *http.Client // nil: a client with Timeout
+	Timeout time.Duration // per POST; DefaultTimeout when not positive
+	Client  *http.Client  // nil: a client with Timeout
 }
+
+// DefaultTimeout bounds each POST (the whole exchange) when Config.Timeout
+// is not positive: a destination that never answers fails the message
+// instead of holding the sender forever.
+const DefaultTimeout = 10 * time.Second
 
 // Sender POSTs messages, one at a time and in order. After a failed POST,
 // the later messages of the same topic that were queued with it are not
@@ -33,6 +40,9 @@ type Sender struct {
 
 // New creates the sender.
 func New(cfg Config) *Sender {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
 	s := &Sender{cfg: cfg, client: cfg.Client}
 	if s.client == nil {
 		s.client = &http.Client{Timeout: cfg.Timeout}
@@ -77,9 +87,30 @@ func (s *Sender) post(ctx context.Context, m *sender.Message) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("POST %s: %s", s.cfg.URL, resp.Status)
+		err := fmt.Errorf("POST %s: %s", s.cfg.URL, resp.Status)
+		if Permanent(resp.StatusCode) {
+			return sender.Permanent(err)
+		}
+		return err
 	}
 	return nil
+}
+
+// Permanent reports whether an answer refuses the message itself, so that
+// posting it again cannot succeed: every 4xx except 401, 403 and 404
+// (credentials or a deployment that an operator may fix while the
+// messages wait), 408 (a timeout), 425 and 429 (come back later). Other
+// answers (5xx, 3xx) and transport errors are retried.
+func Permanent(status int) bool {
+	if status < 400 || status >= 500 {
+		return false
+	}
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusRequestTimeout,
+		http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return true
 }
 
 // Close stops the sender and its idle connections.

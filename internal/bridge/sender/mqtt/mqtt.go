@@ -9,7 +9,9 @@
 //
 // When the connection is lost or cannot be established, every
 // unacknowledged or queued message fails (the route retries it, then
-// dead-letters it), and the sender reconnects with backoff.
+// dead-letters it), and the sender reconnects with backoff. A PUBACK that
+// refuses the message itself (see PermanentReason) is a permanent failure:
+// the route dead-letters the message without retrying it.
 package mqtt
 
 import (
@@ -364,7 +366,11 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 				continue
 			}
 			if c.ReasonCode >= 0x80 {
-				it.done(fmt.Errorf("broker refused the message: %s", c.Reason()))
+				err := fmt.Errorf("broker refused the message: %s", c.Reason())
+				if PermanentReason(c.ReasonCode) {
+					err = sender.Permanent(err)
+				}
+				it.done(err)
 			} else {
 				it.done(nil)
 			}
@@ -372,6 +378,19 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 			return fmt.Errorf("broker sent DISCONNECT: %s", c.Reason())
 		}
 	}
+}
+
+// PermanentReason reports whether a PUBACK reason code refuses the message
+// itself, so that publishing it again cannot succeed: not authorized
+// (0x87), topic name invalid (0x90), payload format invalid (0x99). Others
+// (unspecified 0x80, implementation specific 0x83, quota exceeded 0x97,
+// packet identifier in use 0x91) are retried.
+func PermanentReason(code byte) bool {
+	switch code {
+	case packets.PubackNotAuthorized, packets.PubackTopicNameInvalid, packets.PubackPayloadFormatInvalid:
+		return true
+	}
+	return false
 }
 
 // Close stops the sender within ctx: unacknowledged messages fail.

@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
@@ -169,5 +175,51 @@ func TestWithdrawnIsNotPublished(t *testing.T) {
 	defer mu.Unlock()
 	if fmt.Sprint(got) != "[1 2]" {
 		t.Fatalf("subscriber got %v, want [1 2]", got)
+	}
+}
+
+// denyHook lets every client connect and refuses publishes to deny/#.
+type denyHook struct{ mochi.HookBase }
+
+func (h *denyHook) ID() string { return "deny" }
+func (h *denyHook) Provides(b byte) bool {
+	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
+}
+func (h *denyHook) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
+func (h *denyHook) OnACLCheck(_ *mochi.Client, topic string, write bool) bool {
+	return !write || !strings.HasPrefix(topic, "deny/")
+}
+
+// A PUBACK that refuses the message itself (not authorized) is a permanent
+// failure, and the connection goes on serving the next message.
+func TestRefusalIsPermanent(t *testing.T) {
+	addr, err := embroker.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), InlineClient: true})
+	if err := srv.AddHook(&denyHook{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "t", Address: addr})); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	s := mqttsender.New(mqttsender.Config{Broker: "tcp://" + addr, ClientID: "snd-deny", QoS: 1, KeepAlive: time.Second, ConnectTimeout: time.Second, Timeout: 5 * time.Second})
+	defer s.Close(context.Background())
+	err = wait(t, send(s, "deny/x", "no"))
+	if !sender.IsPermanent(err) {
+		t.Fatalf("refused publish: %v, want a permanent error", err)
+	}
+	if err := wait(t, send(s, "ok/x", "yes")); err != nil {
+		t.Fatalf("after a refusal: %v", err)
+	}
+	for code, want := range map[byte]bool{0x87: true, 0x90: true, 0x99: true, 0x80: false, 0x83: false, 0x91: false, 0x97: false} {
+		if mqttsender.PermanentReason(code) != want {
+			t.Errorf("PermanentReason(%#x) = %v", code, !want)
+		}
 	}
 }

@@ -1,10 +1,13 @@
 // Package nats is the bridge's NATS sender: it publishes each message on a
 // subject derived from its topic ('/' becomes '.') and counts a batch
-// accepted once a flush round trip confirmed the server received it.
+// accepted once a flush round trip confirmed the server received it. A
+// payload above the server's max_payload, or a subject NATS refuses, is a
+// permanent failure: the route dead-letters the message without retrying.
 package nats
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -21,6 +24,10 @@ type Config struct {
 	Name          string
 }
 
+// DefaultTimeout bounds the connect and each flush when Config.Timeout is
+// not positive.
+const DefaultTimeout = 10 * time.Second
+
 // Sender publishes to NATS.
 type Sender struct {
 	*sender.Batch
@@ -29,23 +36,46 @@ type Sender struct {
 
 // Dial connects to the server.
 func Dial(cfg Config) (*Sender, error) {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
 	nc, err := natsgo.Connect(cfg.URL, natsgo.Name(cfg.Name), natsgo.Timeout(cfg.Timeout), natsgo.MaxReconnects(-1))
 	if err != nil {
 		return nil, err
 	}
 	s := &Sender{nc: nc}
 	s.Batch = sender.NewBatch(1024, func(ctx context.Context, ms []*sender.Message) []error {
-		for _, m := range ms {
+		errs := make([]error, len(ms))
+		// A topic whose message could not be published gets none of its
+		// later messages published in this batch: the route retries (or
+		// dead-letters) that one first.
+		var failed map[string]bool
+		for i, m := range ms {
+			if failed[m.Topic] {
+				errs[i] = sender.ErrWithdrawn
+				continue
+			}
 			if err := nc.Publish(Subject(cfg.SubjectPrefix, m.Topic), m.Payload); err != nil {
-				return []error{err}
+				if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, natsgo.ErrBadSubject) {
+					err = sender.Permanent(err)
+				}
+				errs[i] = err
+				if failed == nil {
+					failed = map[string]bool{}
+				}
+				failed[m.Topic] = true
 			}
 		}
 		fctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 		defer cancel()
 		if err := nc.FlushWithContext(fctx); err != nil {
-			return []error{err}
+			for i := range errs {
+				if errs[i] == nil {
+					errs[i] = err
+				}
+			}
 		}
-		return nil
+		return errs
 	})
 	return s, nil
 }

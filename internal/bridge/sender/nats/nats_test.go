@@ -1,0 +1,142 @@
+package nats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	natsgo "github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"))
+}
+
+func send(s sender.Sender, topic string, payload []byte) chan error {
+	ch := make(chan error, 1)
+	s.Send(&sender.Message{Topic: topic, Payload: payload}, func(err error) { ch <- err })
+	return ch
+}
+
+func result(t *testing.T, ch chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("no result")
+		return nil
+	}
+}
+
+func startServer(t *testing.T, maxPayload int32) *natsserver.Server {
+	t.Helper()
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: maxPayload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	return ns
+}
+
+func TestSubject(t *testing.T) {
+	for _, c := range []struct{ prefix, topic, want string }{
+		{"", "a/b/c", "a.b.c"},
+		{"bridge", "a/b", "bridge.a.b"},
+		{"bridge.", "/a/b/", "bridge.a.b"},
+		{"", "a b/*/>", "a_b._._"},
+	} {
+		if got := natssender.Subject(c.prefix, c.topic); got != c.want {
+			t.Errorf("Subject(%q, %q) = %q, want %q", c.prefix, c.topic, got, c.want)
+		}
+	}
+}
+
+// Messages arrive in order on their subjects. A payload above the server's
+// max_payload is a permanent failure; the other topic is not held back by
+// it. With the server gone, a flush fails (retryably) instead of hanging.
+func TestDeliverClassifyAndServerLoss(t *testing.T) {
+	ns := startServer(t, 1024)
+	nc, err := natsgo.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	var got []string
+	if _, err := nc.Subscribe("p.>", func(m *natsgo.Msg) {
+		mu.Lock()
+		got = append(got, m.Subject+"="+string(m.Data))
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := natssender.Dial(natssender.Config{URL: ns.ClientURL(), SubjectPrefix: "p", Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chans []chan error
+	for i := range 50 {
+		chans = append(chans, send(s, "a/x", fmt.Append(nil, i)))
+	}
+	for _, ch := range chans {
+		if err := result(t, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big, other := send(s, "a/x", make([]byte, 4096)), send(s, "b/x", []byte("ok"))
+	if err := result(t, big); !sender.IsPermanent(err) || !errors.Is(err, natsgo.ErrMaxPayload) {
+		t.Fatalf("oversized payload: %v, want a permanent ErrMaxPayload", err)
+	}
+	if err := result(t, other); err != nil {
+		t.Fatalf("the other topic: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n >= 51 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	if len(got) != 51 || got[50] != "p.b.x=ok" {
+		t.Fatalf("subscriber got %d: %v", len(got), got)
+	}
+	for i := range 50 {
+		if want := fmt.Sprintf("p.a.x=%d", i); got[i] != want {
+			t.Fatalf("#%d = %q, want %q", i, got[i], want)
+		}
+	}
+	mu.Unlock()
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	if err := result(t, send(s, "a/x", []byte("lost"))); err == nil || sender.IsPermanent(err) {
+		t.Fatalf("without a server: %v, want a retryable error", err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, send(s, "a/x", nil)); !errors.Is(err, sender.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
