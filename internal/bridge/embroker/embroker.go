@@ -55,6 +55,9 @@ func Start(addr string, logger *slog.Logger) (*Broker, error) {
 	if err := s.AddHook(&takeoverGate{server: s}, nil); err != nil {
 		return nil, err
 	}
+	if err := s.AddHook(&sendQuotaOff{}, nil); err != nil {
+		return nil, err
+	}
 	if err := s.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})); err != nil {
 		return nil, err
 	}
