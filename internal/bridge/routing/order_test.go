@@ -317,3 +317,58 @@ func TestPermanentFailureDeadLettersAtOnce(t *testing.T) {
 		t.Fatalf("dead letters: %v", lines)
 	}
 }
+
+// Two routes share one HTTP sender and deliver the same topic: when one
+// route's message fails, the sender skips the topic's later messages in
+// its batch, the other route's included; both routes keep their order and
+// lose nothing.
+func TestSharedSenderKeepsEachRoutesOrder(t *testing.T) {
+	const n = 40
+	var mu sync.Mutex
+	got := map[string][]int{}
+	refused := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		seq, _ := strconv.Atoi(string(b))
+		route := r.Header.Get("X-Myriarch-Route")
+		mu.Lock()
+		defer mu.Unlock()
+		if route == "r1" && seq == 5 && refused < 3 {
+			refused++
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		got[route] = append(got[route], seq)
+	}))
+	defer srv.Close()
+	hs := httpsender.New(httpsender.Config{URL: srv.URL, Timeout: 5 * time.Second})
+	defer hs.Close(context.Background())
+	var routes []*routing.Route
+	for _, id := range []string{"r1", "r2"} {
+		r := routing.NewRoute(routing.RouteConfig{ID: id, Filters: []string{"#"}, MaxInFlight: 2 * n,
+			Targets: []routing.Target{{ID: "http", Sender: hs, MaxAttempts: 10, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}}})
+		defer r.Close()
+		routes = append(routes, r)
+	}
+	var acked atomic.Int32
+	d := &routing.Dispatcher{Routes: routes}
+	for i := range n {
+		d.Handle(&mqtt.Message{Topic: "t", Payload: fmt.Append(nil, i), QoS: 1}, func() { acked.Add(1) })
+	}
+	waitFor(t, "every message acknowledged", func() bool { return acked.Load() == n })
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range []string{"r1", "r2"} {
+		if len(got[id]) != n {
+			t.Fatalf("%s: %d delivered: %v", id, len(got[id]), got[id])
+		}
+		for i, seq := range got[id] {
+			if seq != i {
+				t.Fatalf("%s out of order: %v", id, got[id])
+			}
+		}
+	}
+	if refused != 3 {
+		t.Fatalf("refused %d times", refused)
+	}
+}

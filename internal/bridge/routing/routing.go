@@ -299,10 +299,13 @@ func (d *delivery) done(err error) {
 				o.due = false
 			}
 		}
-	case withdrawn:
-		l.blocked = true // normally already; never leave it idle in an open lane
 	default:
-		d.due = true
+		// A failure, or a withdrawal this lane did not ask for (a sender
+		// shared with another route skipped the topic after that route's
+		// failure): hold the lane either way, so nothing overtakes d.
+		if !withdrawn {
+			d.due = true
+		}
 		if !l.blocked {
 			l.blocked = true
 			for _, o := range l.items {
