@@ -14,7 +14,8 @@
 // of its topic wait for it (head-of-line per route, sender and topic)
 // until it is delivered or dead-lettered; other topics flow on. Messages
 // that a sender had already started when the failure was reported are not
-// recalled (see Route).
+// recalled (see Route). A failure the sender marks permanent
+// (sender.Permanent) is dead-lettered without further attempts.
 package routing
 
 import (
@@ -59,6 +60,16 @@ type RouteConfig struct {
 }
 
 // Route delivers the messages of one receiver to its senders.
+//
+// Per sender, a route keeps each topic's unsettled messages in a lane. An
+// open lane hands every message to the sender as it arrives (pipelined).
+// The first failure blocks the lane: the topic's messages still queued at
+// the sender are withdrawn (sender.Message.SetWithdrawn; the sender fails
+// them with sender.ErrWithdrawn instead of delivering them, but cannot
+// recall one it has already started), later messages wait in the lane,
+// and the failed message is retried alone after its backoff until it is
+// accepted or dead-lettered. Then the lane opens and what waited is sent
+// in order. Waiting messages hold their in-flight slots.
 type Route struct {
 	cfg     RouteConfig
 	log     *slog.Logger
