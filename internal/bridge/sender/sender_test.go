@@ -6,25 +6,16 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func result(t *testing.T, ch chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(20 * time.Second):
-		t.Fatal("no result")
-		return nil
-	}
-}
+var result = sendertest.Result
 
 // Batch hands messages to deliver in order, reports one result per
 // message or one for the whole batch, fails withdrawn messages without

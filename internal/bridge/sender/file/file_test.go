@@ -15,26 +15,16 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	filesender "github.com/myriarch/myriarch/internal/bridge/sender/file"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func send(s sender.Sender, m *sender.Message) chan error {
-	ch := make(chan error, 1)
-	s.Send(m, func(err error) { ch <- err })
-	return ch
+	return sendertest.Send(s, m)
 }
 
-func result(t *testing.T, ch chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(20 * time.Second):
-		t.Fatal("no result")
-		return nil
-	}
-}
+var result = sendertest.Result
 
 func lines(t *testing.T, path string) []string {
 	t.Helper()

@@ -16,26 +16,16 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func send(s sender.Sender, topic, payload string) chan error {
-	ch := make(chan error, 1)
-	s.Send(&sender.Message{Topic: topic, Payload: []byte(payload), Route: "r1"}, func(err error) { ch <- err })
-	return ch
+	return sendertest.Send(s, &sender.Message{Topic: topic, Payload: []byte(payload), Route: "r1"})
 }
 
-func result(t *testing.T, ch chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(20 * time.Second):
-		t.Fatal("no result")
-		return nil
-	}
-}
+var result = sendertest.Result
 
 func closeSender(t *testing.T, s sender.Sender) {
 	t.Helper()

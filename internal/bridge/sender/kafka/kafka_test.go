@@ -15,26 +15,16 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func send(s sender.Sender, m *sender.Message) chan error {
-	ch := make(chan error, 1)
-	s.Send(m, func(err error) { ch <- err })
-	return ch
+	return sendertest.Send(s, m)
 }
 
-func result(t *testing.T, ch chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("no result")
-		return nil
-	}
-}
+var result = sendertest.Result
 
 // Records carry the rewritten topic as key (one partition per topic, so
 // its order), the payload as value, the source topic and receive time as

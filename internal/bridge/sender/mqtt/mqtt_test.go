@@ -20,6 +20,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
 func TestMain(m *testing.M) {
@@ -27,21 +28,10 @@ func TestMain(m *testing.M) {
 }
 
 func send(s *mqttsender.Sender, topic string, payload string) chan error {
-	ch := make(chan error, 1)
-	s.Send(&sender.Message{Topic: topic, Payload: []byte(payload), QoS: 1}, func(err error) { ch <- err })
-	return ch
+	return sendertest.Send(s, &sender.Message{Topic: topic, Payload: []byte(payload), QoS: 1})
 }
 
-func wait(t *testing.T, ch chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(20 * time.Second):
-		t.Fatal("no result")
-		return nil
-	}
-}
+var wait = sendertest.Result
 
 // The sender publishes in order, reports each PUBACK, survives the broker
 // going away (what was in flight fails, so the route retries it) and
@@ -74,16 +64,12 @@ func TestOrderLossAndReconnect(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	sendertest.Eventually(20*time.Second, func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		n := len(got)
-		mu.Unlock()
-		if n == 500 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return n == 500
+	})
 	mu.Lock()
 	for i, p := range got {
 		if p != fmt.Sprint(i) {
@@ -105,7 +91,7 @@ func TestOrderLossAndReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b2.Close()
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		err := wait(t, send(s, "o/x", "again"))
 		if err == nil {
@@ -161,16 +147,12 @@ func TestWithdrawnIsNotPublished(t *testing.T) {
 	if err := wait(t, wch); !errors.Is(err, sender.ErrWithdrawn) {
 		t.Fatalf("withdrawn message: %v, want ErrWithdrawn", err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	sendertest.Eventually(20*time.Second, func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		n := len(got)
-		mu.Unlock()
-		if n >= 2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return n >= 2
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if fmt.Sprint(got) != "[1 2]" {

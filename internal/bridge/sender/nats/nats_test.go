@@ -14,6 +14,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
 func TestMain(m *testing.M) {
@@ -22,21 +23,10 @@ func TestMain(m *testing.M) {
 }
 
 func send(s sender.Sender, topic string, payload []byte) chan error {
-	ch := make(chan error, 1)
-	s.Send(&sender.Message{Topic: topic, Payload: payload}, func(err error) { ch <- err })
-	return ch
+	return sendertest.Send(s, &sender.Message{Topic: topic, Payload: payload})
 }
 
-func result(t *testing.T, ch chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(20 * time.Second):
-		t.Fatal("no result")
-		return nil
-	}
-}
+var result = sendertest.Result
 
 func startServer(t *testing.T, maxPayload int32) *natsserver.Server {
 	t.Helper()
@@ -107,16 +97,12 @@ func TestDeliverClassifyAndServerLoss(t *testing.T) {
 	if err := result(t, other); err != nil {
 		t.Fatalf("the other topic: %v", err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	sendertest.Eventually(20*time.Second, func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		n := len(got)
-		mu.Unlock()
-		if n >= 51 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return n >= 51
+	})
 	mu.Lock()
 	if len(got) != 51 || got[50] != "p.b.x=ok" {
 		t.Fatalf("subscriber got %d: %v", len(got), got)
