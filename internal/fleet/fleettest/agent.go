@@ -33,6 +33,9 @@ type AgentOptions struct {
 	UID types.InstanceUid
 	// TLS for wss:// and https:// URLs.
 	TLS *tls.Config
+	// OnCommand, when set, receives server commands (restart), and the
+	// agent declares AcceptsRestartCommand.
+	OnCommand func(*protobufs.ServerToAgentCommand)
 }
 
 // Agent is a running opamp-go client that applies remote configs.
@@ -85,6 +88,9 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 	if o.Heartbeat > 0 {
 		caps |= protobufs.AgentCapabilities_AgentCapabilities_ReportsHeartbeat
 	}
+	if o.OnCommand != nil {
+		caps |= protobufs.AgentCapabilities_AgentCapabilities_AcceptsRestartCommand
+	}
 	if err := a.Client.SetCapabilities(&caps); err != nil {
 		return nil, err
 	}
@@ -96,6 +102,12 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 		Callbacks: types.Callbacks{
 			OnConnect:       func(context.Context) { a.connected.Add(1) },
 			OnConnectFailed: func(context.Context, error) { a.connectErr.Add(1) },
+			OnCommand: func(_ context.Context, c *protobufs.ServerToAgentCommand) error {
+				if o.OnCommand != nil {
+					o.OnCommand(c)
+				}
+				return nil
+			},
 			OnMessage: func(ctx context.Context, msg *types.MessageData) {
 				if msg.RemoteConfig == nil {
 					return

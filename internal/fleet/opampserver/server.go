@@ -90,22 +90,36 @@ type agentConn struct {
 	connID string
 	ws     bool
 
-	mu           sync.Mutex
-	uid          string
-	caps         uint64
-	healthy      *bool
-	reportedHash string
-	sentHash     string
+	mu       sync.Mutex
+	uid      string
+	seen     reported
+	sentHash string
 }
 
 type httpAgent struct {
 	seen     atomic.Int64 // unix nanoseconds of the last poll
 	mu       sync.Mutex
 	dirty    bool // desired config may have changed
+	cmdCheck bool // a restart may be pending
 	sentHash string
-	caps     uint64
-	healthy  *bool
-	reported string
+	rep      reported
+}
+
+// reported is what one connection (or one plain-HTTP agent in this
+// process) last reported, so that repeats cost no write and no event.
+type reported struct {
+	caps      uint64
+	healthy   *bool
+	lastError string
+	// hash is the remote config hash the agent reported, valid once known
+	// is set: after a reconnect the agent's first message may carry none
+	// of its state, and a config sent before the agent has told which one
+	// it runs would be taken as "unchanged" and reported APPLIED, even
+	// when that very config had FAILED (the OpenTelemetry supervisor does
+	// this). So nothing is sent until a full state or a remote-config
+	// status has arrived on this connection.
+	hash  string
+	known bool
 }
 
 // New returns a server; Start listens.
@@ -169,7 +183,8 @@ func (s *Server) Connections() int {
 
 // Stop is phase 1 of a planned stop: it refuses new connections, closes
 // the listener and every agent connection, and waits until all are closed
-// or ctx ends (server.shutdownTimeout). Agents reconnect to other replicas.
+// or ctx ends (server.shutdownTimeout). WebSocket agents get a close frame
+// (1001 going away) and reconnect to other replicas.
 func (s *Server) Stop(ctx context.Context) error {
 	s.stopping.Store(true)
 	shut := make(chan error, 1)
@@ -186,9 +201,18 @@ func (s *Server) Stop(ctx context.Context) error {
 		}
 	}
 	s.mu.Unlock()
+	// In parallel, bounded: a stuck peer costs closeFrameWait, not one
+	// each, and 10,000 agents do not start 10,000 goroutines.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 256)
 	for _, c := range open {
-		_ = c.Disconnect()
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			closeGoingAway(c)
+		})
 	}
+	wg.Wait()
 	err := <-shut
 	if err != nil && s.httpSrv != nil {
 		// The drain ran into its timeout (a plain-HTTP poll whose body
@@ -350,65 +374,87 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 		return resp
 	}
 	s.o.Batcher.Touch(uid, ac.connID, now)
-	st, rcs := s.state(uid, msg, now, &ac.healthy, &ac.caps)
+	wasKnown := ac.seen.known
+	st := s.state(uid, msg, now, &ac.seen)
 	if err := s.o.Store.UpdateState(ctx, uid, ac.connID, st); err != nil {
 		s.log.Warn("storing agent state failed", "agent", uid, "error", err)
 	}
-	if rcs != nil {
-		ac.reportedHash = hex.EncodeToString(rcs.LastRemoteConfigHash)
-	}
-	if first {
-		// Later changes arrive through Push (event bus) and Reconcile.
+	if ac.seen.known && !wasKnown {
+		// Now that the agent told which config it runs, send the desired
+		// one if it differs. Later changes arrive through Push (event bus)
+		// and Reconcile.
 		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
 		if err == nil {
-			if want, ok := d[uid]; ok && want.Hash != ac.reportedHash && want.Hash != ac.sentHash {
+			if want, ok := d[uid]; ok && want.Hash != ac.seen.hash && want.Hash != ac.sentHash {
 				resp.RemoteConfig = remoteConfig(want)
 				ac.sentHash = want.Hash
 				s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventConfigSent, ReplicaID: s.o.ReplicaID, Detail: want.Hash})
 			}
+		} else {
+			s.log.Warn("loading a desired config failed; the reconcile will retry", "agent", uid, "error", err)
 		}
 	}
 	return resp
 }
+
+// httpReconnectGap is the pause between two polls of a plain-HTTP agent
+// after which its next poll here counts as a (re)connect: it may have been
+// marked offline or polled another replica meanwhile.
+const httpReconnectGap = time.Minute
 
 func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now time.Time) *protobufs.ServerToAgent {
 	s.mu.Lock()
 	ha := s.http[uid]
 	first := ha == nil
 	if first {
-		ha = &httpAgent{dirty: true}
+		ha = &httpAgent{dirty: true, cmdCheck: true}
 		ha.seen.Store(now.UnixNano())
 		s.http[uid] = ha
 	}
 	s.mu.Unlock()
-	ha.seen.Store(now.UnixNano())
+	prev := time.Unix(0, ha.seen.Swap(now.UnixNano()))
 	ha.mu.Lock()
 	defer ha.mu.Unlock()
-	if first {
-		created, err := s.o.Store.Connected(ctx, uid, s.o.ReplicaID, HTTPConnID, now)
+	if first || now.Sub(prev) > httpReconnectGap {
+		connect, err := s.o.Store.ConnectedHTTP(ctx, uid, s.o.ReplicaID, HTTPConnID, now)
 		if err != nil {
-			s.mu.Lock()
-			delete(s.http, uid)
-			s.mu.Unlock()
+			if first {
+				s.mu.Lock()
+				delete(s.http, uid)
+				s.mu.Unlock()
+			}
 			return resp
 		}
-		if created || msg.AgentDescription == nil {
+		if connect {
+			s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventConnected, ReplicaID: s.o.ReplicaID, Detail: "plain HTTP"})
+		}
+		if first && msg.AgentDescription == nil {
 			resp.Flags |= uint64(protobufs.ServerToAgentFlags_ServerToAgentFlags_ReportFullState)
 		}
 	}
 	s.o.Batcher.Touch(uid, HTTPConnID, now)
-	st, rcs := s.state(uid, msg, now, &ha.healthy, &ha.caps)
+	st := s.state(uid, msg, now, &ha.rep)
 	if err := s.o.Store.UpdateState(ctx, uid, HTTPConnID, st); err != nil {
 		s.log.Warn("storing agent state failed", "agent", uid, "error", err)
 	}
-	if rcs != nil {
-		ha.reported = hex.EncodeToString(rcs.LastRemoteConfigHash)
+	if !ha.rep.known {
+		// Wait for the full state (see reported.known).
+		return resp
+	}
+	if ha.cmdCheck {
+		// A command travels alone: an agent ignores the other fields of a
+		// message that carries one.
+		if cmd := s.takeRestart(ctx, uid, ha.rep.caps); cmd != nil {
+			resp.Command = cmd
+			return resp
+		}
+		ha.cmdCheck = false
 	}
 	if ha.dirty {
 		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
 		if err == nil {
 			ha.dirty = false
-			if want, ok := d[uid]; ok && want.Hash != ha.reported {
+			if want, ok := d[uid]; ok && want.Hash != ha.rep.hash {
 				resp.RemoteConfig = remoteConfig(want)
 				if want.Hash != ha.sentHash {
 					s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventConfigSent, ReplicaID: s.o.ReplicaID, Detail: want.Hash})
@@ -421,39 +467,80 @@ func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, ms
 	return resp
 }
 
-func remoteConfig(d store.Desired) *protobufs.AgentRemoteConfig {
-	h, _ := hex.DecodeString(d.Hash)
-	return &protobufs.AgentRemoteConfig{ConfigHash: h, Config: &protobufs.AgentConfigMap{ConfigMap: map[string]*protobufs.AgentConfigFile{
-		"": {Body: []byte(d.Body), ContentType: "text/yaml"},
-	}}}
+// takeRestart claims a pending restart request of uid and returns the
+// command to send, or nil when there is none (or another replica took it).
+func (s *Server) takeRestart(ctx context.Context, uid string, caps uint64) *protobufs.ServerToAgentCommand {
+	p, err := s.o.Store.PendingRestarts(ctx, []string{uid})
+	if err != nil {
+		s.log.Warn("loading a restart request failed; the reconcile will retry", "agent", uid, "error", err)
+		return nil
+	}
+	at, ok := p[uid]
+	if !ok {
+		return nil
+	}
+	return s.claimRestart(ctx, uid, at, caps)
 }
 
-// state turns the reported parts of msg into a store update and events.
-// healthy and caps hold what was last stored for this connection, so that
-// a message that repeats them (opamp-go repeats the capabilities) costs no
-// write.
-func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, healthy **bool, caps *uint64) (store.State, *protobufs.RemoteConfigStatus) {
+func (s *Server) claimRestart(ctx context.Context, uid string, at time.Time, caps uint64) *protobufs.ServerToAgentCommand {
+	if caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsRestartCommand) == 0 {
+		// The API refuses such requests; one made before the agent
+		// dropped the capability expires unsent.
+		return nil
+	}
+	ok, err := s.o.Store.RestartDelivered(ctx, uid, at)
+	if err != nil || !ok {
+		return nil
+	}
+	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: store.EventRestartSent, ReplicaID: s.o.ReplicaID})
+	return &protobufs.ServerToAgentCommand{Type: protobufs.CommandType_CommandType_Restart}
+}
+
+// remoteConfig is the OpAMP form of a desired config. An empty body is an
+// empty config map: OpAMP's "no remote config", which is how a cleared
+// desired config reaches the agent (the OpenTelemetry supervisor then
+// stops its collector until a new config arrives).
+func remoteConfig(d store.Desired) *protobufs.AgentRemoteConfig {
+	h, _ := hex.DecodeString(d.Hash)
+	files := map[string]*protobufs.AgentConfigFile{}
+	if d.Body != "" {
+		files[""] = &protobufs.AgentConfigFile{Body: []byte(d.Body), ContentType: "text/yaml"}
+	}
+	return &protobufs.AgentRemoteConfig{ConfigHash: h, Config: &protobufs.AgentConfigMap{ConfigMap: files}}
+}
+
+// state turns the reported parts of msg into a store update and events,
+// and updates rep. rep holds what was last stored for this connection, so
+// that a message that repeats it (opamp-go repeats the capabilities) costs
+// no write and no event.
+func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, rep *reported) store.State {
 	var st store.State
 	if d := msg.AgentDescription; d != nil {
 		st.Identifying = attrs(d.IdentifyingAttributes)
 		st.NonIdentifying = attrs(d.NonIdentifyingAttributes)
+		// A full state: a remote-config status, if the agent has one, is
+		// in the same message.
+		rep.known = true
 	}
-	if msg.Capabilities != 0 && msg.Capabilities != *caps {
+	if msg.Capabilities != 0 && msg.Capabilities != rep.caps {
 		c := msg.Capabilities
 		st.Capabilities = &c
-		*caps = c
+		rep.caps = c
 	}
 	if h := msg.Health; h != nil {
 		v := h.Healthy
 		st.Healthy = &v
 		st.Health = healthJSON(h)
-		if *healthy == nil || **healthy != v {
-			if *healthy != nil || !v {
-				s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventHealthChanged, ReplicaID: s.o.ReplicaID,
-					Detail: fmt.Sprintf("healthy=%v %s", v, h.LastError)})
-			}
-			*healthy = &v
+		// An event when healthy flips and when the error text changes
+		// (a collector that fails in a new way); not for the first
+		// report of a healthy agent.
+		changed := rep.healthy == nil && (!v || h.LastError != "") ||
+			rep.healthy != nil && (*rep.healthy != v || rep.lastError != h.LastError)
+		if changed {
+			s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventHealthChanged, ReplicaID: s.o.ReplicaID,
+				Detail: strings.TrimSpace(fmt.Sprintf("healthy=%v %s", v, h.LastError))})
 		}
+		rep.healthy, rep.lastError = &v, h.LastError
 	}
 	if ec := msg.EffectiveConfig; ec != nil && ec.ConfigMap != nil {
 		var b strings.Builder
@@ -466,11 +553,11 @@ func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, 
 		v := b.String()
 		st.EffectiveConfig = &v
 	}
-	rcs := msg.RemoteConfigStatus
-	if rcs != nil {
+	if rcs := msg.RemoteConfigStatus; rcs != nil {
 		status := strings.ToLower(strings.TrimPrefix(rcs.Status.String(), "RemoteConfigStatuses_"))
 		hash := hex.EncodeToString(rcs.LastRemoteConfigHash)
 		st.RemoteConfigStatus, st.RemoteConfigHash, st.RemoteConfigError = &status, &hash, &rcs.ErrorMessage
+		rep.hash, rep.known = hash, true
 		kind := ""
 		switch rcs.Status {
 		case protobufs.RemoteConfigStatuses_RemoteConfigStatuses_APPLIED:
@@ -492,17 +579,28 @@ func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, 
 		}
 		st.PackageStatuses = map[string]any{"packages": m, "error": ps.ErrorMessage}
 	}
-	return st, rcs
+	return st
 }
 
+// healthJSON is the stored form of a ComponentHealth, components nested as
+// the agent reports them (the OpenTelemetry Collector: pipelines, then
+// their receivers, processors and exporters).
 func healthJSON(h *protobufs.ComponentHealth) json.RawMessage {
+	b, _ := json.Marshal(healthMap(h))
+	return b
+}
+
+func healthMap(h *protobufs.ComponentHealth) map[string]any {
+	m := map[string]any{"healthy": h.Healthy, "status": h.Status, "last_error": h.LastError,
+		"start_time_unix_nano": h.StartTimeUnixNano, "status_time_unix_nano": h.StatusTimeUnixNano}
 	comp := map[string]any{}
 	for name, c := range h.ComponentHealthMap {
-		comp[name] = map[string]any{"healthy": c.Healthy, "status": c.Status, "last_error": c.LastError}
+		if c != nil {
+			comp[name] = healthMap(c)
+		}
 	}
-	b, _ := json.Marshal(map[string]any{"healthy": h.Healthy, "status": h.Status, "last_error": h.LastError,
-		"start_time_unix_nano": h.StartTimeUnixNano, "components": comp})
-	return b
+	m["components"] = comp
+	return m
 }
 
 func attrs(kvs []*protobufs.KeyValue) map[string]string {
@@ -534,18 +632,35 @@ func anyString(v *protobufs.AnyValue) string {
 	}
 }
 
-// Push delivers the desired config of agent uid if it is connected here
-// (called by the event bus for a notification).
-func (s *Server) Push(ctx context.Context, uid string) {
+// Push acts on a notification of the event bus (payload: an instance uid,
+// or store.RestartNotifyPrefix and one): it delivers the desired config,
+// or a restart command, to agent uid if it is connected here.
+func (s *Server) Push(ctx context.Context, payload string) {
+	uid, restart := strings.CutPrefix(payload, store.RestartNotifyPrefix)
 	s.mu.Lock()
 	ac := s.byUID[uid]
 	if ha := s.http[uid]; ha != nil {
 		ha.mu.Lock()
-		ha.dirty = true
+		if restart {
+			ha.cmdCheck = true
+		} else {
+			ha.dirty = true
+		}
 		ha.mu.Unlock()
 	}
 	s.mu.Unlock()
 	if ac == nil {
+		return
+	}
+	if restart {
+		p, err := s.o.Store.PendingRestarts(ctx, []string{uid})
+		if err != nil {
+			s.log.Warn("loading a restart request failed; the reconcile will retry", "agent", uid, "error", err)
+			return
+		}
+		if at, ok := p[uid]; ok {
+			s.restart(ctx, ac, at)
+		}
 		return
 	}
 	d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
@@ -556,14 +671,32 @@ func (s *Server) Push(ctx context.Context, uid string) {
 	s.deliver(ctx, ac, d[uid])
 }
 
-// deliver sends want to the agent unless it has it or was sent it.
+// restart sends the restart command requested at at to a WebSocket agent.
+func (s *Server) restart(ctx context.Context, ac *agentConn, at time.Time) {
+	ac.mu.Lock()
+	defer ac.mu.Unlock()
+	cmd := s.claimRestart(ctx, ac.uid, at, ac.seen.caps)
+	if cmd == nil {
+		return
+	}
+	msg := &protobufs.ServerToAgent{Command: cmd}
+	msg.InstanceUid, _ = ParseUID(ac.uid)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := ac.conn.Send(sctx, msg); err != nil {
+		s.log.Warn("sending a restart command failed", "agent", ac.uid, "error", err)
+	}
+}
+
+// deliver sends want to the agent unless it has it or was sent it, or has
+// not yet told which config it runs (then its full state does).
 func (s *Server) deliver(ctx context.Context, ac *agentConn, want store.Desired) {
 	if want.Hash == "" {
 		return
 	}
 	ac.mu.Lock()
 	defer ac.mu.Unlock()
-	if want.Hash == ac.reportedHash || want.Hash == ac.sentHash {
+	if !ac.seen.known || want.Hash == ac.seen.hash || want.Hash == ac.sentHash {
 		return
 	}
 	msg := &protobufs.ServerToAgent{RemoteConfig: remoteConfig(want)}
@@ -581,7 +714,7 @@ func (s *Server) deliver(ctx context.Context, ac *agentConn, want store.Desired)
 // Reconcile is the event bus's safety net: it compares the desired config
 // of every agent connected here with what the agent reported and was sent,
 // and delivers what is missing (a notification that was lost while the
-// listener session reconnected).
+// listener session reconnected), restart requests included.
 func (s *Server) Reconcile(ctx context.Context) error {
 	s.mu.Lock()
 	uids := make([]string, 0, len(s.byUID))
@@ -597,7 +730,7 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			continue
 		}
 		ha.mu.Lock()
-		ha.dirty = true
+		ha.dirty, ha.cmdCheck = true, true
 		ha.mu.Unlock()
 	}
 	s.mu.Unlock()
@@ -609,6 +742,13 @@ func (s *Server) Reconcile(ctx context.Context) error {
 		}
 		for uid, want := range d {
 			s.deliver(ctx, acs[uid], want)
+		}
+		p, err := s.o.Store.PendingRestarts(ctx, uids[:n])
+		if err != nil {
+			return err
+		}
+		for uid, at := range p {
+			s.restart(ctx, acs[uid], at)
 		}
 		uids = uids[n:]
 	}
