@@ -3,7 +3,8 @@
 //
 // The UI uses the API tokens: the login form takes a token, checks it and
 // keeps it in an HttpOnly, SameSite=Strict cookie. Every page needs it.
-// The pages only read; changes go through the REST API.
+// The pages read, except the agent page's restart and clear-config forms,
+// which call the same functions as the REST API.
 package ui
 
 import (
@@ -28,7 +29,8 @@ var assets embed.FS
 const CookieName = "myriarch_session"
 
 var pages = func() map[string]*template.Template {
-	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b }}
+	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b },
+		"health": parseHealth, "capnames": store.CapabilityNames}
 	out := map[string]*template.Template{}
 	for _, p := range []string{"login", "overview", "agents", "agent", "cluster"} {
 		out[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html"))
@@ -61,6 +63,7 @@ func Mount(mux *http.ServeMux, a *api.API) {
 	mux.HandleFunc("GET /ui/agents", h.auth(h.agents))
 	mux.HandleFunc("GET /ui/agents/{uid}", h.auth(h.agent))
 	mux.HandleFunc("GET /ui/cluster", h.auth(h.cluster))
+	h.mountAgentActions(mux)
 }
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
@@ -169,7 +172,10 @@ func (h *handler) agents(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, "agents", "Agents", d)
 }
 
-func (h *handler) agent(w http.ResponseWriter, r *http.Request) {
+func (h *handler) agent(w http.ResponseWriter, r *http.Request) { h.agentPage(w, r, "") }
+
+// agentPage renders the agent page, with the error of a refused action.
+func (h *handler) agentPage(w http.ResponseWriter, r *http.Request, actionErr string) {
 	d, err := h.a.AgentDetail(r.Context(), r.PathValue("uid"))
 	if errors.Is(err, store.ErrNotFound) {
 		http.Error(w, "no agent "+r.PathValue("uid"), http.StatusNotFound)
@@ -183,7 +189,14 @@ func (h *handler) agent(w http.ResponseWriter, r *http.Request) {
 	if n := d.Agent.Identifying["service.name"]; n != "" {
 		title = "Agent " + n + " (" + d.Agent.InstanceUID + ")"
 	}
-	h.render(w, r, "agent", title, d)
+	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Notice: notices[r.URL.Query().Get("done")], Error: actionErr})
+}
+
+// agentPage is the agent page: the API's detail and the outcome of an
+// action (from the redirect after it).
+type agentPage struct {
+	api.AgentDetail
+	Notice, Error string
 }
 
 func (h *handler) cluster(w http.ResponseWriter, r *http.Request) {
