@@ -153,7 +153,9 @@ func TestAgentPageHealthCapabilitiesAndActions(t *testing.T) {
 	if !fleettest.Eventually(30*time.Second, func() bool { return restarts.Load() == 1 }) {
 		t.Fatalf("restart from the UI: %d commands reached the agent", restarts.Load())
 	}
-	do(chromedp.Click(q("#clear-config")), chromedp.WaitVisible(q("#action-notice")))
+	// From a page without a notice, so that the wait sees the new one.
+	do(chromedp.Navigate(base+"/ui/agents/"+ag.UIDString()), chromedp.WaitVisible(q("#clear-config")),
+		chromedp.Click(q("#clear-config")), chromedp.WaitVisible(q("#action-notice")))
 	check("clear notice", text("#action-notice"), "Desired config cleared")
 	check("desired config", text("#desired-config"), "cleared")
 	if !fleettest.Eventually(30*time.Second, func() bool {
