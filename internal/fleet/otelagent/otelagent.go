@@ -1,0 +1,309 @@
+// Package otelagent runs a real OpAMP agent for tests: the OpenTelemetry
+// OpAMP supervisor (v0.149.0) managing a small OpenTelemetry Collector
+// (OTLP receiver, debug exporter, OpAMP extension), both built by
+// `make otel-agent` (tools/otelagent/build.sh) into a cache directory
+// outside the clone.
+//
+// Start(t, serverURL, Options{...}) starts a supervisor against a
+// myriarchd OpAMP endpoint and stops it when the test ends. Without the
+// binaries a test is skipped, except under CI=true, where it fails: CI
+// builds them first.
+package otelagent
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"text/template"
+	"time"
+)
+
+// Version is the OpenTelemetry release that tools/otelagent builds.
+const Version = "0.149.0"
+
+// Binary names in BinDir.
+const (
+	SupervisorBinary = "opampsupervisor"
+	CollectorBinary  = "otelcol-myriarch"
+)
+
+// BinDir is where tools/otelagent/build.sh puts the binaries:
+// $OTEL_AGENT_DIR/bin, by default ~/.cache/myriarch/otel-v<Version>/bin.
+func BinDir() string {
+	if d := os.Getenv("OTEL_AGENT_DIR"); d != "" {
+		return filepath.Join(d, "bin")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		home = os.TempDir()
+	}
+	return filepath.Join(home, ".cache", "myriarch", "otel-v"+Version, "bin")
+}
+
+// Binaries returns the paths of the supervisor and the collector. When
+// one is missing it skips the test, or fails it under CI=true.
+func Binaries(t testing.TB) (supervisor, collector string) {
+	t.Helper()
+	supervisor, collector = filepath.Join(BinDir(), SupervisorBinary), filepath.Join(BinDir(), CollectorBinary)
+	for _, p := range []string{supervisor, collector} {
+		if _, err := os.Stat(p); err != nil {
+			msg := fmt.Sprintf("%s missing: build the real OpAMP agent with `make otel-agent` (about 10 minutes the first time; cached in %s)", p, BinDir())
+			if os.Getenv("CI") == "true" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+	}
+	return supervisor, collector
+}
+
+// Options configure a supervisor.
+type Options struct {
+	// Secret is myriarchd's enrollment secret, sent as a bearer token.
+	Secret string
+	// ValidateConfig has the supervisor validate a remote config with the
+	// collector before applying it (agent.validate_config): a bad one is
+	// then reported FAILED with the collector's error text and never run.
+	// Off, a bad config is applied, the collector crashes and the
+	// supervisor reports FAILED.
+	ValidateConfig bool
+	// Heartbeat declares ReportsHeartbeat (opamp-go's default interval, 30 s).
+	Heartbeat bool
+	// StartTimeout bounds one start attempt (until the supervisor reports
+	// that it connected); default 60s. A start that hangs is retried once.
+	StartTimeout time.Duration
+}
+
+// Supervisor is a running OpAMP supervisor and its collector.
+type Supervisor struct {
+	t       testing.TB
+	dir     string
+	cfgPath string
+	bin     string
+	o       Options
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  *syncBuffer
+}
+
+const configTmpl = `server:
+  endpoint: {{.Endpoint}}
+  headers:
+    Authorization: ["Bearer {{.Secret}}"]
+capabilities:
+  reports_effective_config: true
+  reports_own_metrics: false
+  reports_own_logs: false
+  reports_own_traces: false
+  reports_health: true
+  accepts_remote_config: true
+  reports_remote_config: true
+  accepts_restart_command: true
+{{- if .Heartbeat}}
+  reports_heartbeat: true
+{{- end}}
+storage:
+  directory: {{.Storage}}
+agent:
+  executable: {{.Collector}}
+  validate_config: {{.Validate}}
+  config_apply_timeout: 10s
+  bootstrap_timeout: 10s
+telemetry:
+  logs:
+    level: info
+`
+
+// Start starts a supervisor against serverURL (ws://host:port/v1/opamp or
+// http://...) and registers its Stop with t.Cleanup. It fails the test
+// when the supervisor does not connect after one retry.
+func Start(t testing.TB, serverURL string, o Options) *Supervisor {
+	t.Helper()
+	sup, col := Binaries(t)
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 60 * time.Second
+	}
+	dir := t.TempDir()
+	s := &Supervisor{t: t, dir: dir, bin: sup, o: o, cfgPath: filepath.Join(dir, "supervisor.yaml")}
+	var b bytes.Buffer
+	err := template.Must(template.New("cfg").Parse(configTmpl)).Execute(&b, map[string]any{
+		"Endpoint": serverURL, "Secret": o.Secret, "Storage": filepath.Join(dir, "storage"), "Collector": col,
+		"Validate": o.ValidateConfig, "Heartbeat": o.Heartbeat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.cfgPath, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stopping the supervisor: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("supervisor log:\n%s", s.Log())
+		}
+	})
+	// Its start sometimes hangs waiting for a probe collector: retry once.
+	for attempt := 1; ; attempt++ {
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if attempt == 2 {
+			t.Fatalf("OpAMP supervisor did not start: %v\nlog:\n%s", err, s.Log())
+		}
+		t.Logf("OpAMP supervisor start attempt %d: %v; retrying; its log:\n%s", attempt, err, s.Log())
+		if err := s.Stop(); err != nil {
+			t.Logf("stopping the hung supervisor: %v", err)
+		}
+	}
+}
+
+func (s *Supervisor) start() error {
+	s.mu.Lock()
+	s.log = &syncBuffer{}
+	cmd := exec.Command(s.bin, "--config", s.cfgPath)
+	cmd.Dir = s.dir
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	// Its own process group, so that Stop reaches the collector too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	deadline := time.Now().Add(s.o.StartTimeout)
+	for time.Now().Before(deadline) {
+		if strings.Contains(s.Log(), "Connected to the server") {
+			return nil
+		}
+		select {
+		case <-done:
+			return errors.New("the supervisor exited")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("not connected within %s", s.o.StartTimeout)
+}
+
+// Stop stops the supervisor with SIGINT (the only signal on which it also
+// stops its collector), then kills the process group if it has not
+// exited within 30 s. It may be called more than once.
+func (s *Supervisor) Stop() error {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return errors.New("the supervisor ignored SIGINT for 30 s; killed")
+	}
+	// The collector, should it have outlived its supervisor.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	return nil
+}
+
+// InstanceUID is the agent's instance uid as myriarchd shows it; the
+// supervisor persists it in its storage directory on its first start.
+func (s *Supervisor) InstanceUID() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "storage", "persistent_state.yaml"))
+	if err != nil {
+		s.t.Fatalf("reading the supervisor's instance id: %v", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "instance_id:"); ok {
+			return strings.Trim(strings.TrimSpace(v), `"'`)
+		}
+	}
+	s.t.Fatalf("no instance_id in the supervisor's persistent state:\n%s", b)
+	return ""
+}
+
+// Log is what the supervisor (and the collector through it) logged.
+func (s *Supervisor) Log() string {
+	s.mu.Lock()
+	l := s.log
+	s.mu.Unlock()
+	if l == nil {
+		return ""
+	}
+	return l.String()
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// for a collector receiver or a server the agent must find again after a
+// restart.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// PipelineConfig is a valid collector config: an OTLP/HTTP receiver on
+// port and a debug exporter in a traces pipeline.
+func PipelineConfig(port int) string {
+	return fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: 127.0.0.1:%d
+exporters:
+  debug:
+    verbosity: basic
+service:
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [debug]
+`, port)
+}
+
+// BrokenPipelineConfig is a well-formed YAML config that the collector
+// refuses: its pipeline names an exporter that is not configured.
+func BrokenPipelineConfig(port int) string {
+	return strings.Replace(PipelineConfig(port), "exporters: [debug]", "exporters: [debug, otlp/missing]", 1)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
