@@ -2,7 +2,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab
+.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent
 
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
@@ -25,7 +25,17 @@ failover-lab:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/bridge/bench/
 
-test: vet staticcheck unit
+# Under CI=true the real OpAMP agent is built before the unit tests (its
+# integration test fails without it); elsewhere that test skips until
+# `make otel-agent` has run once.
+test: vet staticcheck $(if $(filter true,$(CI)),otel-agent) unit
+
+# The real OpAMP agent for internal/fleet/otelagent's test: the
+# OpenTelemetry OpAMP supervisor and a small collector, v0.149.0, cached in
+# ~/.cache/myriarch/otel-v0.149.0 (OTEL_AGENT_DIR overrides); about 10
+# minutes the first time, nothing once cached.
+otel-agent:
+	GO=$(GO) tools/otelagent/build.sh
 
 vet:
 	$(GO) vet ./...
