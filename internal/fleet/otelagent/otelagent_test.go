@@ -62,12 +62,12 @@ func (a api) call(method, path, body string, out any) int {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if out != nil {
+	if out != nil && resp.StatusCode < 300 {
 		if err := json.Unmarshal(b, out); err != nil {
 			a.t.Fatalf("%s %s: %v: %s", method, path, err, b)
 		}
 	}
-	if resp.StatusCode >= 300 {
+	if resp.StatusCode >= 300 && !(method == "GET" && resp.StatusCode == http.StatusNotFound) {
 		a.t.Logf("%s %s: %d %s", method, path, resp.StatusCode, b)
 	}
 	return resp.StatusCode
@@ -95,7 +95,15 @@ func (a api) agent(uid string) detail {
 func (a api) until(what, uid string, cond func(detail) bool) detail {
 	a.t.Helper()
 	var d detail
-	if !fleettest.Eventually(90*time.Second, func() bool { d = a.agent(uid); return cond(d) }) {
+	if !fleettest.Eventually(90*time.Second, func() bool {
+		// Not found until the supervisor's first message was stored.
+		var got detail
+		if a.call("GET", "/api/v1/agents/"+uid, "", &got) != http.StatusOK {
+			return false
+		}
+		d = got
+		return cond(d)
+	}) {
 		b, _ := json.MarshalIndent(d, "", "  ")
 		a.t.Fatalf("agent %s: never %s; last:\n%s", uid, what, b)
 	}
@@ -163,6 +171,7 @@ func TestRealSupervisor(t *testing.T) {
 	a := c.until("registered and healthy", uid, func(d detail) bool {
 		return d.Agent.Status == "online" && d.Agent.Healthy != nil && *d.Agent.Healthy && d.Agent.EffectiveConfig != ""
 	})
+	t.Logf("registered: %v, capabilities %v", a.Agent.Identifying, a.Agent.CapabilityNames)
 	if a.Agent.Identifying["service.name"] == "" {
 		t.Errorf("no service.name: %+v", a.Agent.Identifying)
 	}
@@ -205,7 +214,7 @@ func TestRealSupervisor(t *testing.T) {
 	a = c.until("failed the broken config", uid, func(d detail) bool {
 		return d.Agent.RemoteConfigStatus == "failed" && d.Agent.RemoteConfigHash == bad && d.Agent.RemoteConfigError != ""
 	})
-	t.Logf("broken config reported: %s", a.Agent.RemoteConfigError)
+	t.Logf("broken config reported: %s; health %s", a.Agent.RemoteConfigError, a.Agent.Health)
 	c.until("recorded the collector's error text", uid, func(d detail) bool {
 		for _, e := range d.Events {
 			if e.Kind == store.EventHealthChanged && strings.Contains(e.Detail, "healthy=false ") {
