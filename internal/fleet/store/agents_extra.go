@@ -44,7 +44,9 @@ func CapabilityNames(caps uint64) []string {
 }
 
 // MarshalJSON adds capability_names to the stored fields, so that the API
-// shows capabilities by name next to the raw bit set.
+// shows capabilities by name next to the raw bit set. A struct that embeds
+// Agent anonymously inherits this method and marshals as an Agent alone:
+// give the field a name.
 func (a Agent) MarshalJSON() ([]byte, error) {
 	type plain Agent
 	return json.Marshal(struct {
