@@ -266,3 +266,26 @@ func TestRealSupervisor(t *testing.T) {
 		return d.Agent.RemoteConfigStatus == "applied" && d.Agent.RemoteConfigHash == store.ConfigHash("")
 	})
 }
+
+// The supervisor over plain HTTP: registered, healthy, and its first poll
+// recorded as a connect (plain-HTTP agents had no connected event). Its
+// poll interval is opamp-go's 30 s, so config pushes are tested over
+// WebSocket above and over plain HTTP with opamp-go agents in
+// internal/fleet/opampserver.
+func TestRealSupervisorOverPlainHTTP(t *testing.T) {
+	otelagent.Binaries(t)
+	pg := pgtest.New(t)
+	d := replica(t, pg.DSN(""), "replica-h", "127.0.0.1:0")
+	defer d.Shutdown()
+	tok, err := d.Store.CreateToken(context.Background(), "otel-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := api{t: t, base: "http://" + d.HTTPAddr().String(), token: tok}
+	sup := otelagent.Start(t, "http://"+d.OpAMPAddr().String()+"/v1/opamp", otelagent.Options{Secret: secret})
+	uid := sup.InstanceUID()
+	c.until("registered over plain HTTP with a connected event", uid, func(d detail) bool {
+		return d.Agent.Status == "online" && d.Agent.Healthy != nil && count(d.Events, store.EventConnected) == 1 &&
+			d.Agent.Identifying["service.name"] != ""
+	})
+}
