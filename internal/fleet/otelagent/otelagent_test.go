@@ -289,3 +289,29 @@ func TestRealSupervisorOverPlainHTTP(t *testing.T) {
 			d.Agent.Identifying["service.name"] != ""
 	})
 }
+
+// With validate_config the supervisor refuses a broken pipeline before
+// running it and reports the collector's own error text, which myriarchd
+// stores and shows; the collector keeps running its previous config.
+func TestRealSupervisorValidatesConfig(t *testing.T) {
+	otelagent.Binaries(t)
+	pg := pgtest.New(t)
+	d := replica(t, pg.DSN(""), "replica-v", "127.0.0.1:0")
+	defer d.Shutdown()
+	tok, err := d.Store.CreateToken(context.Background(), "otel-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := api{t: t, base: "http://" + d.HTTPAddr().String(), token: tok}
+	sup := otelagent.Start(t, "ws://"+d.OpAMPAddr().String()+"/v1/opamp", otelagent.Options{Secret: secret, ValidateConfig: true})
+	uid := sup.InstanceUID()
+	c.until("registered", uid, func(d detail) bool { return d.Agent.Status == "online" && d.Agent.Healthy != nil })
+	bad := c.setConfig(uid, otelagent.BrokenPipelineConfig(otelagent.FreePort(t)))
+	a := c.until("refused the broken config", uid, func(d detail) bool {
+		return d.Agent.RemoteConfigStatus == "failed" && d.Agent.RemoteConfigHash == bad
+	})
+	if !strings.Contains(a.Agent.RemoteConfigError, "otlp/missing") {
+		t.Errorf("remote config error %q does not name the missing exporter", a.Agent.RemoteConfigError)
+	}
+	t.Logf("validation error: %s", a.Agent.RemoteConfigError)
+}
