@@ -9,6 +9,12 @@
 // the process nonce, so a write of an old connection never overwrites the
 // state of a newer one on another replica, and the final flush of a
 // planned stop marks exactly this process's agents offline.
+//
+// A desired config goes out only once the agent has reported which config
+// it runs on its current connection (see reported.known): after a
+// reconnect, re-sending it blindly made the OpenTelemetry supervisor
+// report a FAILED config as APPLIED. Restart requests come through the
+// store like configs (NOTIFY, reconcile) and are claimed once.
 package opampserver
 
 import (
