@@ -2,7 +2,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab
+.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab image
 
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
@@ -48,3 +48,12 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./internal/disclose -run '^$$' -fuzz FuzzBridgeBudgetFlags -fuzztime $(FUZZTIME)
 	$(GO) test ./failover -run '^$$' -fuzz FuzzParseBrokerHealthStepDown -fuzztime $(FUZZTIME)
+
+# Container images of both daemons without a Docker daemon: static binaries
+# on an empty base, non-root, OCI labels; docker-archive tarballs in dist/
+# for `docker load -i` / `podman load -i`. The tag defaults to the charts'
+# appVersion, so the charts' default image is what this builds.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' deploy/helm/myriarchd/Chart.yaml)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+image:
+	$(GO) run ./internal/image/mkimage -version $(VERSION) -revision "$(REVISION)" -out dist

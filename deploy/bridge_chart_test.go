@@ -14,6 +14,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/stopbound"
+	"github.com/myriarch/myriarch/internal/image"
 )
 
 const bridgeChartDir = "helm/myriarch-bridge"
@@ -195,5 +196,40 @@ func TestBridgeSystemdUnit(t *testing.T) {
 	}
 	if !strings.Contains(key("ExecStart"), "myriarch-bridge run -c /etc/myriarch-bridge/bridge.yaml") {
 		t.Errorf("ExecStart=%s", key("ExecStart"))
+	}
+}
+
+// The charts' default image is what `make image` builds: the repository,
+// the tag (the charts' appVersion, which the Makefile passes) and the user.
+func TestChartsRunTheImagesMakeImageBuilds(t *testing.T) {
+	mk, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^VERSION \?= .*deploy/helm/myriarchd/Chart.yaml`).Match(mk) {
+		t.Error("make image does not tag with the chart's appVersion")
+	}
+	var versions []any
+	for _, c := range []struct{ dir, name, pod string }{
+		{chartDir, "myriarchd", "deployment.yaml"},
+		{bridgeChartDir, "myriarch-bridge", "statefulset.yaml"},
+	} {
+		meta := readYAML(t, filepath.Join(c.dir, "Chart.yaml"))
+		versions = append(versions, meta["appVersion"])
+		objs, err := renderDir(t, c.dir, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := dig(t, objs[c.pod], "spec", "template", "spec")
+		want := image.Ref(image.Daemon{Name: c.name}, meta["appVersion"].(string))
+		if got := dig(t, spec, "containers", 0, "image"); got != want {
+			t.Errorf("%s: image %v, want %s", c.dir, got, want)
+		}
+		if got := dig(t, spec, "securityContext", "runAsUser"); got != float64(image.UID) {
+			t.Errorf("%s: runAsUser %v, want the image's %d", c.dir, got, image.UID)
+		}
+	}
+	if versions[0] != versions[1] {
+		t.Errorf("appVersions %v differ; make image tags both images with one", versions)
 	}
 }
