@@ -97,6 +97,8 @@ func Bridge() (dashboard.Dashboard, error) {
 			q(`sum(increase(myriarch_bridge_broker_health_step_down_total`+sel+`[24h]))`, "step-downs"))).
 		WithPanel(single("Lease transfers (24h)", "Leases acquired, i.e. takeovers.", "short",
 			q(`sum(increase(myriarch_lease_transfers_total`+sel+`[24h]))`, "transfers"))).
+		WithPanel(single("Instances by version", "Running bridge processes per version (myriarch-bridge --version).", "short",
+			q(`count by (version) (myriarch_build_info`+sel+`)`, "{{version}}"))).
 		WithPanel(series("Broker path lost", "1 while an owner's broker path is lost (the broker_health_step_down clock runs).", "short",
 			q(`max by (instance, session) (myriarch_bridge_broker_path_lost`+sel+`)`, "{{session}} {{instance}}"))).
 		WithRow(dashboard.NewRowBuilder("Sessions and leases")).
@@ -145,6 +147,8 @@ func Myriarchd() (dashboard.Dashboard, error) {
 			q(`sum(myriarch_opamp_connections`+sel+`)`, "agents"))).
 		WithPanel(single("Active rollouts", "", "short",
 			q(`max(myriarch_rollouts_active`+sel+`)`, "rollouts"))).
+		WithPanel(single("Replicas by version", "Running myriarchd replicas per version (myriarchd --version).", "short",
+			q(`count by (version) (myriarch_build_info`+sel+`)`, "{{version}}"))).
 		WithPanel(series("Leader by replica", "1 on the leader.", "short",
 			q(`max by (instance) (myriarch_leader`+sel+`)`, "{{instance}}"))).
 		WithPanel(series("Elections and resignations", "Resignations by reason: confirm_timeout, session_lost, term_lost, stop.", "short",

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/myriarch/myriarch/internal/cli"
 )
 
@@ -52,5 +54,22 @@ func TestCommand(t *testing.T) {
 	}
 	if code := r.Dispatch([]string{"version", "extra"}, &out, &out); code != cli.ExitUsage {
 		t.Fatalf("extra argument: exit %d", code)
+	}
+}
+
+func TestCollector(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(Collector("prog", "v1.2.3"))
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 || mfs[0].GetName() != MetricBuildInfo {
+		t.Fatalf("%v %v", mfs, err)
+	}
+	m := mfs[0].GetMetric()[0]
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	if m.GetGauge().GetValue() != 1 || labels["program"] != "prog" || labels["version"] != "v1.2.3" || labels["go_version"] == "" {
+		t.Fatalf("metric %v", m)
 	}
 }
