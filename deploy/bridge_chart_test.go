@@ -233,3 +233,51 @@ func TestChartsRunTheImagesMakeImageBuilds(t *testing.T) {
 		t.Errorf("appVersions %v differ; make image tags both images with one", versions)
 	}
 }
+
+// The clustered examples run in the chart as they are: their file as
+// config:, their secrets under secret:. helm merges them over the chart's
+// default configuration, as this renderer does.
+func TestBridgeChartRunsTheClusteredExamples(t *testing.T) {
+	t.Setenv("MYRIARCH_SOURCE_PASSWORD", "pw")
+	for _, ex := range []string{"clustered-postgres.yaml", "clustered-etcd.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "examples", ex))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg map[string]any
+		if err := yaml.Unmarshal(b, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		values, err := yaml.Marshal(map[string]any{
+			"config": cfg,
+			"secret": map[string]any{
+				"files": map[string]any{"lease-dsn": "postgres://bridge@db/bridge", "cloud-password": "pw"},
+				"env":   map[string]any{"MYRIARCH_SOURCE_PASSWORD": "pw"},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs := renderBridge(t, string(values))
+		text := dig(t, objs["configmap.yaml"], "data", "bridge.yaml").(string)
+		dir := t.TempDir()
+		for _, f := range []string{"lease-dsn", "cloud-password"} {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(dig(t, objs["secret.yaml"], "stringData", f).(string)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		text = strings.ReplaceAll(text, "/etc/myriarch-bridge/secrets/", dir+"/")
+		got, problems := config.Check(filepath.Join(dir, "bridge.yaml"), []byte(text))
+		if len(problems) > 0 {
+			t.Errorf("%s in the chart: %v\n%s", ex, problems, text)
+			continue
+		}
+		want, err := stopbound.Stop(got.Bridge.ShutdownTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := bridgePodSpec(t, objs)["terminationGracePeriodSeconds"]; g != want.Seconds() {
+			t.Errorf("%s: grace %v, want %v", ex, g, want.Seconds())
+		}
+	}
+}
