@@ -6,6 +6,7 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -51,6 +52,7 @@ func TestImages(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkDockerManifest(t, file, Ref(d, version))
+			podmanLoad(t, file, Ref(d, version))
 			tag, _ := name.NewTag(Ref(d, version))
 			img, err := tarball.ImageFromPath(file, &tag)
 			if err != nil {
@@ -200,5 +202,39 @@ func TestBuildRefusesMissingInput(t *testing.T) {
 	}
 	if _, err := Build(Spec{Daemon: Daemons[0], Version: "1", Binary: "/nonexistent"}); err == nil {
 		t.Fatal("missing binary accepted")
+	}
+}
+
+// podmanLoad loads the tarball with the real podman (no daemon; its own
+// throwaway storage) and checks what podman sees: the tag, the user and
+// the entry point. Running the container is not possible in every sandbox
+// (crun needs to set rlimits), so the binary is run outside, above.
+func podmanLoad(t *testing.T, file, ref string) {
+	t.Helper()
+	tool, err := exec.LookPath("podman")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("podman not found (apt-get install podman); CI needs it")
+		}
+		t.Log("podman not found (apt-get install podman); not loading the image with it")
+		return
+	}
+	dir := t.TempDir()
+	args := []string{"--root", filepath.Join(dir, "root"), "--runroot", filepath.Join(dir, "run"), "--storage-driver", "vfs", "--events-backend", "none"}
+	podman := func(a ...string) string {
+		t.Helper()
+		out, err := exec.Command(tool, append(args, a...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("podman %s: %v\n%s", strings.Join(a, " "), err, out)
+		}
+		return string(out)
+	}
+	if out := podman("load", "-i", file); !strings.Contains(out, "Loaded image: "+ref) {
+		t.Fatalf("podman load: %s", out)
+	}
+	got := podman("image", "inspect", "--format", "{{.Config.User}} {{index .Config.Entrypoint 0}} {{index .Config.Labels \"org.opencontainers.image.version\"}}", ref)
+	want := fmt.Sprintf("65532:65532 /usr/local/bin/%s %s", filepath.Base(strings.Split(ref, ":")[0]), strings.Split(ref, ":")[1])
+	if strings.TrimSpace(got) != want {
+		t.Errorf("podman image inspect: %q, want %q", got, want)
 	}
 }
