@@ -2,7 +2,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent
+.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent image helm
 
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
@@ -25,10 +25,10 @@ failover-lab:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/bridge/bench/
 
-# Under CI=true the real OpAMP agent is built before the unit tests (its
-# integration test fails without it); elsewhere that test skips until
-# `make otel-agent` has run once.
-test: vet staticcheck $(if $(filter true,$(CI)),otel-agent) unit
+# Under CI=true the real OpAMP agent and helm are built before the unit tests
+# (their tests fail without them); elsewhere the agent's test skips until
+# `make otel-agent` has run once, and the chart tests build helm on first use.
+test: vet staticcheck $(if $(filter true,$(CI)),otel-agent helm) unit
 
 # The real OpAMP agent for internal/fleet/otelagent's test: the
 # OpenTelemetry OpAMP supervisor and a small collector, v0.149.0, cached in
@@ -36,6 +36,12 @@ test: vet staticcheck $(if $(filter true,$(CI)),otel-agent) unit
 # minutes the first time, nothing once cached.
 otel-agent:
 	GO=$(GO) tools/otelagent/build.sh
+
+# The real helm v3.22.0 for deploy's chart tests, built from tools/helm (its
+# own module) into the cache the tests look in; nothing once it is there.
+HELM_BIN ?= $${XDG_CACHE_HOME:-$$HOME/.cache}/myriarch-test/helm-v3.22.0
+helm:
+	@[ -x "$(HELM_BIN)" ] || $(GO) build -C tools/helm -o "$(HELM_BIN)" helm.sh/helm/v3/cmd/helm
 
 vet:
 	$(GO) vet ./...
@@ -58,3 +64,12 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./internal/disclose -run '^$$' -fuzz FuzzBridgeBudgetFlags -fuzztime $(FUZZTIME)
 	$(GO) test ./failover -run '^$$' -fuzz FuzzParseBrokerHealthStepDown -fuzztime $(FUZZTIME)
+
+# Container images of both daemons without a Docker daemon: static binaries
+# on an empty base, non-root, OCI labels; docker-archive tarballs in dist/
+# for `docker load -i` / `podman load -i`. The tag defaults to the charts'
+# appVersion, so the charts' default image is what this builds.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' deploy/helm/myriarchd/Chart.yaml)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+image:
+	$(GO) run ./internal/image/mkimage -version $(VERSION) -revision "$(REVISION)" -out dist

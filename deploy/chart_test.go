@@ -1,5 +1,3 @@
-// Package deploy holds no code: its test keeps the Helm chart and the
-// systemd unit in line with the numbers the Go code derives.
 package deploy
 
 import (
@@ -24,10 +22,14 @@ import (
 
 const chartDir = "helm/myriarchd"
 
-// renderChart renders every template of the chart the way helm's engine
-// does (text/template with sprig's functions and helm's include, required
-// and toYaml, values read with sigs.k8s.io/yaml like helm's), with set
-// merged over values.yaml. It returns the parsed objects by template file.
+// requiredValues are what each chart needs beyond its values.yaml to
+// render: myriarchd requires its secrets (or an existing Secret).
+var requiredValues = map[string]string{
+	chartDir:       "secret: {databaseURL: 'postgres://myriarch@db/myriarch', enrollmentSecret: 0123456789abcdef}",
+	bridgeChartDir: "secret: {files: {lease-dsn: 'postgres://bridge@db/bridge'}}",
+}
+
+// renderChart renders every template of the myriarchd chart; see renderDir.
 func renderChart(t *testing.T, set string) map[string]map[string]any {
 	t.Helper()
 	objs, err := render(t, set)
@@ -39,9 +41,18 @@ func renderChart(t *testing.T, set string) map[string]map[string]any {
 
 func render(t *testing.T, set string) (map[string]map[string]any, error) {
 	t.Helper()
+	return renderDir(t, chartDir, set)
+}
+
+// renderDir renders every template of the chart in dir the way helm's
+// engine does (text/template with sprig's functions and helm's include,
+// required and toYaml, values read with sigs.k8s.io/yaml like helm's), with
+// set merged over values.yaml. It returns the parsed objects by template
+// file. helm_test.go renders the same charts with the real helm.
+func renderDir(t *testing.T, chartDir, set string) (map[string]map[string]any, error) {
+	t.Helper()
 	values := readYAML(t, filepath.Join(chartDir, "values.yaml"))
-	// The chart requires the secrets (or an existing Secret).
-	for _, s := range []string{"secret: {databaseURL: 'postgres://myriarch@db/myriarch', enrollmentSecret: 0123456789abcdef}", set} {
+	for _, s := range []string{requiredValues[chartDir], set} {
 		var over map[string]any
 		if err := yaml.Unmarshal([]byte(s), &over); err != nil {
 			t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/health"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/cli"
+	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -85,6 +86,7 @@ func runBridge(args []string, _, stderr io.Writer) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(version.Collector("myriarch-bridge", version.String()))
 	b, err := runtime.New(ctx, cfg, runtime.Options{Logger: logger, Registerer: reg})
 	if err != nil {
 		logger.Error("starting the bridge", "err", err)

@@ -75,7 +75,9 @@ func (r *Registry) usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: %s <command> [flags]\n\nCommands:\n", r.Program)
 	names := make([]string, 0, len(r.commands))
 	for n := range r.commands {
-		names = append(names, n)
+		if !strings.HasPrefix(n, "-") { // flag-style aliases such as --version
+			names = append(names, n)
+		}
 	}
 	slices.Sort(names)
 	for _, n := range names {

@@ -35,6 +35,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -105,6 +106,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d = &Daemon{o: o, cfg: cfg, log: o.Log, nonce: cfg.HA.ReplicaID + "/" + hex.EncodeToString(nb[:])}
 	d.Reg = prometheus.NewRegistry()
 	d.Reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.Reg.MustRegister(version.Collector("myriarchd", o.Version))
 
 	d.Store, err = store.Open(ctx, cfg.Database.URL, int32(cfg.Database.MaxConns), d.log)
 	if err != nil {
