@@ -2,7 +2,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab
+.PHONY: demo test tidy vet staticcheck unit docs fuzz build budgets bench failover-lab
 
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
@@ -25,7 +25,12 @@ failover-lab:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/bridge/bench/
 
-test: vet staticcheck unit
+test: tidy vet staticcheck unit
+
+# go.mod and go.sum must be what `go mod tidy` writes: direct requirements
+# listed as such, nothing missing, nothing stale. Fix with `go mod tidy`.
+tidy:
+	$(GO) mod tidy -diff
 
 vet:
 	$(GO) vet ./...
