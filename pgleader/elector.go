@@ -30,6 +30,11 @@ const (
 	// ReleaseTimeout bounds the unlock and close of the lock session on a
 	// planned stop.
 	ReleaseTimeout = 4 * time.Second
+	// ListenerCloseTimeout bounds the close of a listener session (Listen)
+	// after its context ended. ReleaseTimeout + ListenerCloseTimeout is
+	// failover.LeaderReleaseBound, the leader's share of the shutdown
+	// sizing (a test holds them together).
+	ListenerCloseTimeout = time.Second
 )
 
 // Reasons of a resignation (label "reason" of
@@ -494,17 +499,18 @@ func (e *Elector) connectLock(ctx context.Context) (*session, error) {
 
 // campaign tries the lock until it gets it (returns the session and the new
 // term) or ctx ends (returns nil after closing the session).
+//
+// Fast path: between tries the follower waits on the lock itself (a
+// blocking pg_advisory_lock bounded by lock_timeout = the jittered retry),
+// so the server hands it the lock the moment the holder unlocks or its
+// session ends, whatever the cause (planned stop, kill -9, crash, a session
+// the server dropped by its keepalives). When a wait runs out, the
+// frozen-leader check runs as before; the retry interval is therefore
+// still the longest time between two checks, and every bound holds as an
+// upper bound.
 func (e *Elector) campaign(ctx context.Context, s *session) (*session, int64) {
-	first := true
+	wait := time.Duration(0) // the first try does not wait
 	for {
-		if !first && !sleepCtx(ctx, e.retryDelay()) {
-			if s != nil {
-				s.hardClose()
-				e.lockPID.Store(0)
-			}
-			return nil, 0
-		}
-		first = false
 		if ctx.Err() != nil {
 			if s != nil {
 				s.hardClose()
@@ -518,45 +524,69 @@ func (e *Elector) campaign(ctx context.Context, s *session) (*session, int64) {
 				if ctx.Err() == nil {
 					e.log.Warn("opening the lock session failed", "error", err)
 				}
+				sleepCtx(ctx, e.retryDelay())
 				continue
 			}
 		}
-		for attempt := 0; ; attempt++ {
-			got, err := e.tryLock(ctx, s)
+		got, err := e.tryLock(ctx, s, wait)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn("lock attempt failed", "error", err)
+			}
+			s.hardClose()
+			s = nil
+			e.lockPID.Store(0)
+			sleepCtx(ctx, e.retryDelay())
+			wait = 0
+			continue
+		}
+		if got {
+			term, err := e.startTerm(ctx, s)
 			if err != nil {
-				if ctx.Err() == nil {
-					e.log.Warn("lock attempt failed", "error", err)
-				}
+				e.log.Warn("starting a term failed; giving the lock back", "error", err)
 				s.hardClose()
 				s = nil
 				e.lockPID.Store(0)
-				break
+				sleepCtx(ctx, e.retryDelay())
+				wait = 0
+				continue
 			}
-			if got {
-				term, err := e.startTerm(ctx, s)
-				if err != nil {
-					e.log.Warn("starting a term failed; giving the lock back", "error", err)
-					s.hardClose()
-					s = nil
-					e.lockPID.Store(0)
-					break
-				}
-				return s, term
-			}
-			if attempt > 0 || !e.endStaleLeader(ctx) {
-				break
-			}
-			// The frozen leader's session was ended: try again at once.
+			return s, term
+		}
+		wait = e.retryDelay()
+		if e.endStaleLeader(ctx) {
+			// The frozen leader's session was ended: its lock is free as
+			// soon as the backend has exited; the next wait takes it.
+			e.log.Info("waiting for the lock of the ended session")
 		}
 	}
 }
 
-func (e *Elector) tryLock(ctx context.Context, s *session) (bool, error) {
-	qctx, cancel := context.WithTimeout(ctx, e.k.ConfirmTimeout)
+// tryLock takes the lock on the lock session. With wait 0 it only tries;
+// otherwise it waits up to wait for the lock and reports false when the
+// wait ran out. The wait is bounded by the server (lock_timeout, set for
+// this one statement: the implicit transaction of the multi-statement
+// query rolls the setting back when the wait fails, and the last
+// statement resets it when it succeeds), so the session stays usable and
+// no cancel request is needed.
+func (e *Elector) tryLock(ctx context.Context, s *session, wait time.Duration) (bool, error) {
+	qctx, cancel := context.WithTimeout(ctx, wait+e.k.ConfirmTimeout)
 	defer cancel()
-	var got bool
-	err := s.conn.QueryRow(qctx, "SELECT pg_try_advisory_lock($1)", e.cfg.LockKey).Scan(&got)
-	return got, err
+	if wait <= 0 {
+		var got bool
+		err := s.conn.QueryRow(qctx, "SELECT pg_try_advisory_lock($1)", e.cfg.LockKey).Scan(&got)
+		return got, err
+	}
+	_, err := s.conn.Exec(qctx, fmt.Sprintf("SET lock_timeout = %d; SELECT pg_advisory_lock(%d); SET lock_timeout = 0",
+		max(1, wait.Milliseconds()), e.cfg.LockKey))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // startTerm increments the term on the lock session. Fenced transactions of
