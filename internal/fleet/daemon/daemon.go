@@ -259,7 +259,7 @@ func (d *Daemon) shutdown() error {
 	d.electorCancel()
 	select {
 	case <-d.electorDone:
-	case <-time.After(pgleader.ReleaseTimeout + time.Second):
+	case <-time.After(failover.LeaderReleaseBound):
 		errs = append(errs, errors.New("leader release took longer than its bound"))
 	}
 	d.jobsWG.Wait()
