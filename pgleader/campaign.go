@@ -39,7 +39,7 @@ func (e *Elector) connectLock(ctx context.Context) (*session, error) {
 	s := &session{conn: conn, pid: conn.PgConn().PID()}
 	// Register the lock session's pid, so that followers can tell the
 	// heartbeat of a lock holder.
-	if _, err := conn.Exec(cctx, registryUpsertSelf, e.cfg.ID, e.cfg.Host, e.cfg.Version, e.started, false); err != nil {
+	if _, err := conn.Exec(cctx, registryUpsertSelf, e.cfg.ID, e.cfg.Host, e.cfg.Version, e.started, false, e.cfg.LockKey); err != nil {
 		s.hardClose()
 		return nil, err
 	}
@@ -160,7 +160,7 @@ func (e *Elector) startTerm(ctx context.Context, s *session) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true); err != nil {
+	if _, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true, e.cfg.LockKey); err != nil {
 		return 0, err
 	}
 	e.mu.Lock()

@@ -178,15 +178,15 @@ func (s *session) awaitConfirm(results <-chan confirmResult) {
 // confirmSQL refreshes the leader's registry heartbeat through the lock
 // session. It never waits for a row lock (SKIP LOCKED): a row locked by
 // someone else is left alone, and the answer still confirms the session.
-const confirmSQL = `WITH r AS (SELECT id FROM ` + RegistryTable + ` WHERE id = $1 FOR UPDATE SKIP LOCKED)
+const confirmSQL = `WITH r AS (SELECT id FROM ` + RegistryTable + ` WHERE id = $1 AND lock_key = $3 FOR UPDATE SKIP LOCKED)
 	UPDATE ` + RegistryTable + ` t SET last_heartbeat = now(), is_leader = $2, lock_pid = CASE WHEN $2 THEN pg_backend_pid() END
-	FROM r WHERE t.id = r.id`
+	FROM r WHERE t.id = r.id AND t.lock_key = $3`
 
 func (e *Elector) confirm(ctx context.Context, s *session) confirmResult {
 	sent := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, e.confirmTimeout)
 	defer cancel()
-	_, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true)
+	_, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true, e.cfg.LockKey)
 	return confirmResult{sent: sent, err: err}
 }
 
@@ -211,7 +211,7 @@ func (e *Elector) release(s *session, confirmStop context.CancelFunc, inflight b
 		s.hardClose()
 		return
 	}
-	_, _ = s.conn.Exec(ctx, confirmSQL, e.cfg.ID, false)
+	_, _ = s.conn.Exec(ctx, confirmSQL, e.cfg.ID, false, e.cfg.LockKey)
 	if err := s.conn.Close(ctx); err != nil {
 		s.hardClose()
 	}

@@ -519,8 +519,8 @@ func TestRegistryStaleRowsAndPrune(t *testing.T) {
 	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+RegistryTable+` (id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
-		VALUES ('gone', 'node-2', 'v8', now() - interval '1 hour', now() - interval '10 minutes', true, 12345)`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+RegistryTable+` (lock_key, id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
+		VALUES ($1, 'gone', 'node-2', 'v8', now() - interval '1 hour', now() - interval '10 minutes', true, 12345)`, a.e.LockKey()); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := a.e.Replicas(ctx)
@@ -533,7 +533,7 @@ func TestRegistryStaleRowsAndPrune(t *testing.T) {
 	if r := rs[1]; r.ID != "a" || r.Stale || !r.HoldsLock || r.Host != "node-1" || r.Version != "v9" || r.StartedAt.IsZero() {
 		t.Fatalf("live row: %+v", r)
 	}
-	n, err := PruneReplicas(ctx, pool, time.Hour/2/3)
+	n, err := PruneReplicas(ctx, pool, a.e.LockKey(), time.Hour/2/3)
 	if err != nil || n != 1 {
 		t.Fatalf("prune: %d %v", n, err)
 	}
@@ -735,7 +735,7 @@ func TestStaleHeartbeatKeepsTheLockPID(t *testing.T) {
 	defer cancel()
 	pid := a.e.lockPID.Load()
 	// The late heartbeat of a replica that had no lock session yet.
-	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, false, nil); err != nil {
+	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, false, nil, a.e.LockKey()); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := a.e.Replicas(ctx)
@@ -749,7 +749,7 @@ func TestStaleHeartbeatKeepsTheLockPID(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE "+RegistryTable+" SET lock_pid = 0 WHERE id = 'a'"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, true, pid); err != nil {
+	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, true, pid, a.e.LockKey()); err != nil {
 		t.Fatal(err)
 	}
 	if rs, err = a.e.Replicas(ctx); err != nil || len(rs) != 1 || rs[0].LockPID != pid {

@@ -36,7 +36,7 @@ func (e *Elector) writeRegistry(ctx context.Context, leader, final bool) {
 	if p := e.lockPID.Load(); p != 0 && !final {
 		pid = p
 	}
-	if _, err := e.pool.Exec(ctx, registryUpsertParam, e.cfg.ID, e.cfg.Host, e.cfg.Version, e.started, leader, pid); err != nil && ctx.Err() == nil {
+	if _, err := e.pool.Exec(ctx, registryUpsertParam, e.cfg.ID, e.cfg.Host, e.cfg.Version, e.started, leader, pid, e.cfg.LockKey); err != nil && ctx.Err() == nil {
 		e.log.Warn("registry heartbeat failed", "error", err)
 	}
 }

@@ -23,7 +23,7 @@ func (e *Elector) endStaleLeader(ctx context.Context) bool {
 	err := e.pool.QueryRow(qctx, `SELECT l.pid, r.id,
 			EXTRACT(EPOCH FROM now() - greatest(r.last_heartbeat, a.state_change))::float8
 		FROM pg_locks l
-		JOIN `+RegistryTable+` r ON r.lock_pid = l.pid
+		JOIN `+RegistryTable+` r ON r.lock_pid = l.pid AND r.lock_key = $1
 		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE `+lockKeyWhere+`
 		ORDER BY 3 LIMIT 1`, e.cfg.LockKey).Scan(&pid, &id, &age)

@@ -140,7 +140,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	}
 	runner = jobs.NewRunner([]jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
-		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
+		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, d.Elector.LockKey()),
 	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Runner = runner
 

@@ -8,7 +8,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/myriarch/myriarch/pgleader"
 )
 
 // Fence runs fn in a transaction that commits only while term is current
@@ -182,17 +183,18 @@ func OfflineSweeper(interval, after time.Duration, onSwept func(n int)) Job {
 	}}
 }
 
-// Housekeeping prunes agent events older than eventRetention and replica
-// registry rows without heartbeat for longer than replicaRetention.
-func Housekeeping(interval, eventRetention, replicaRetention time.Duration, registryTable string) Job {
+// Housekeeping prunes agent events older than eventRetention and the
+// replica registry rows of lockKey (pgleader's registry) without heartbeat
+// for longer than replicaRetention.
+func Housekeeping(interval, eventRetention, replicaRetention time.Duration, lockKey int64) Job {
 	return Job{Name: "housekeeping", Interval: interval, Run: func(ctx context.Context, fence Fence) error {
 		return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			_, err1 := tx.Exec(ctx, `DELETE FROM agent_events WHERE at < now() - make_interval(secs => $1)`, eventRetention.Seconds())
 			if err1 != nil {
 				return err1
 			}
-			_, err2 := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{registryTable}.Sanitize()+` WHERE last_heartbeat < now() - make_interval(secs => $1)`, replicaRetention.Seconds())
-			return errors.Join(err1, err2)
+			_, err := pgleader.PruneReplicas(ctx, tx, lockKey, replicaRetention)
+			return err
 		})
 	}}
 }

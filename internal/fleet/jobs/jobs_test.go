@@ -43,12 +43,20 @@ func TestSweeperAndHousekeepingRunUnderTheLeaderWithFencedWrites(t *testing.T) {
 	swept := make(chan int, 10)
 	r := NewRunner([]Job{
 		OfflineSweeper(50*time.Millisecond, time.Minute, func(n int) { swept <- n }),
-		Housekeeping(50*time.Millisecond, 24*time.Hour, time.Hour, pgleader.RegistryTable),
+		Housekeeping(50*time.Millisecond, 24*time.Hour, time.Hour, el.LockKey()),
 	}, el.InTerm, "r1", nil, nil)
 
 	lctx, term, err := el.WaitLeader(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A stale registry row of this service's lock key and one of another
+	// service's key in the same database: housekeeping prunes only its own.
+	for _, key := range []int64{el.LockKey(), el.LockKey() + 1} {
+		if _, err := st.Pool.Exec(ctx, `INSERT INTO `+pgleader.RegistryTable+` (lock_key, id, host, version, started_at, last_heartbeat)
+			VALUES ($1, 'gone', 'h', 'v', now() - interval '3 hours', now() - interval '2 hours')`, key); err != nil {
+			t.Fatal(err)
+		}
 	}
 	jctx, jstop := context.WithCancel(lctx)
 	done := make(chan struct{})
@@ -67,6 +75,16 @@ func TestSweeperAndHousekeepingRunUnderTheLeaderWithFencedWrites(t *testing.T) {
 		return len(evs) == 0
 	}) {
 		t.Fatal("old event not pruned")
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		rs, _ := pgleader.ReadReplicas(ctx, st.Pool, el.LockKey(), time.Hour)
+		return len(rs) == 1 && rs[0].ID == "r1"
+	}) {
+		rs, _ := pgleader.ReadReplicas(ctx, st.Pool, el.LockKey(), time.Hour)
+		t.Fatalf("stale registry row not pruned: %+v", rs)
+	}
+	if rs, err := pgleader.ReadReplicas(ctx, st.Pool, el.LockKey()+1, time.Hour); err != nil || len(rs) != 1 {
+		t.Fatalf("housekeeping pruned another service's registry: %+v, %v", rs, err)
 	}
 	evs, _ := st.Events(ctx, "stale", 10)
 	if len(evs) != 1 || evs[0].Kind != store.EventMarkedOffline {
