@@ -145,7 +145,7 @@ func (e *Elector) tryLock(ctx context.Context, s *session, wait time.Duration) (
 func (e *Elector) startTerm(ctx context.Context, s *session) (int64, error) {
 	qctx, cancel := context.WithTimeout(ctx, e.k.ConfirmTimeout)
 	defer cancel()
-	sent := time.Now()
+	sent := e.clock.Now()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { e.endBlockers(qctx, s.pid, done) })

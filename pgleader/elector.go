@@ -76,13 +76,18 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// OnElected runs when this replica becomes leader, with the leader
-	// context of the term (cancelled when leadership ends). It must not
-	// block: start the leader jobs in goroutines that end with ctx.
-	OnElected func(ctx context.Context, term int64)
-	// OnDemoted runs after the leader context of term was cancelled, with
-	// one of the Reason constants. It must not block.
+	// OnElected runs when this replica becomes leader, with the term's
+	// Leadership: its context ends when leadership ends, and the leader
+	// jobs write through its InTerm. It must not block: start the jobs in
+	// goroutines that end with the context.
+	OnElected func(l *Leadership)
+	// OnDemoted runs after the context of term was cancelled, with one of
+	// the Reason constants. It must not block.
 	OnDemoted func(term int64, reason string)
+	// Clock reads the time of the last answer and of the leadership checks;
+	// default the system clock. Tests move it to show what a replica that
+	// was paused sees when it wakes.
+	Clock Clock
 }
 
 // Elector runs the election loop of one replica.
@@ -95,20 +100,12 @@ type Elector struct {
 	started time.Time
 	m       *metrics
 
-	running   atomic.Bool
-	noUserTO  atomic.Bool
-	warnOnce  sync.Once
-	termLost  chan int64 // fenced writes report a lost term to the lead loop
-	lockPID   atomic.Int32
-	lastTerm  atomic.Int64
-	electedCh chan struct{} // closed and replaced on every election
-	// confirmTimeout is the timeout of one confirmation, T/3; tests raise
-	// it to show that the watchdog alone ends the leadership.
-	confirmTimeout time.Duration
-	// probe, nil outside tests, runs a function on the lock session from
-	// the lead loop while no confirmation is in flight (the connection is
-	// not safe for concurrent use).
-	probe chan func(*pgx.Conn)
+	running  atomic.Bool
+	noUserTO atomic.Bool
+	warnOnce sync.Once
+	termLost chan int64 // fenced writes report a lost term to the lead loop
+	lockPID  atomic.Int32
+	clock    Clock
 
 	mu         sync.Mutex
 	leader     bool
@@ -150,21 +147,22 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock{}
+	}
 	base := cfg.SessionConfig
 	ownDialer := base == nil
 	if base == nil {
 		base = cfg.Pool.Config().ConnConfig
 	}
 	e := &Elector{
-		cfg:       cfg,
-		k:         k,
-		log:       cfg.Logger.With("component", "pgleader", "replica", cfg.ID),
-		pool:      cfg.Pool,
-		base:      base.Copy(),
-		termLost:  make(chan int64, 1),
-		electedCh: make(chan struct{}),
-
-		confirmTimeout: k.ConfirmTimeout,
+		cfg:      cfg,
+		k:        k,
+		log:      cfg.Logger.With("component", "pgleader", "replica", cfg.ID),
+		pool:     cfg.Pool,
+		base:     base.Copy(),
+		termLost: make(chan int64, 1),
+		clock:    cfg.Clock,
 	}
 	if ownDialer {
 		// The client side of the dedicated sessions notices a silent server
@@ -193,49 +191,27 @@ func (e *Elector) LockKey() int64 { return e.cfg.LockKey }
 // and its last confirmation was answered less than T/2 ago (checked against
 // the clock, so a process that was paused reports false at once on waking).
 func (e *Elector) IsLeader() bool {
-	_, _, ok := e.LeaderContext()
+	_, _, ok := e.leaderContext()
 	return ok
 }
 
 // Term returns the term this replica leads in, 0 when it does not lead.
 // Terms are stored in the database and increase with every new leader.
 func (e *Elector) Term() int64 {
-	_, t, _ := e.LeaderContext()
+	_, t, _ := e.leaderContext()
 	return t
 }
 
-// LastTerm returns the last term this replica led in (0: never), also after
-// it lost leadership.
-func (e *Elector) LastTerm() int64 { return e.lastTerm.Load() }
-
-// LeaderContext returns the context of the current term (cancelled when
+// leaderContext returns the context of the current term (cancelled when
 // leadership ends) and the term. ok is false when this replica does not
 // lead; ctx is then an already cancelled context.
-func (e *Elector) LeaderContext() (ctx context.Context, term int64, ok bool) {
+func (e *Elector) leaderContext() (ctx context.Context, term int64, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.leader || time.Since(e.lastAnswer) >= e.k.ResignAfter || e.leaderCtx.Err() != nil {
+	if !e.leader || e.clock.Now().Sub(e.lastAnswer) >= e.k.ResignAfter || e.leaderCtx.Err() != nil {
 		return cancelledCtx, 0, false
 	}
 	return e.leaderCtx, e.term, true
-}
-
-// WaitLeader blocks until this replica leads or ctx ends, and returns the
-// leader context and term.
-func (e *Elector) WaitLeader(ctx context.Context) (context.Context, int64, error) {
-	for {
-		e.mu.Lock()
-		ch := e.electedCh
-		e.mu.Unlock()
-		if lctx, term, ok := e.LeaderContext(); ok {
-			return lctx, term, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, 0, ctx.Err()
-		case <-ch:
-		}
-	}
 }
 
 var cancelledCtx = func() context.Context {
@@ -251,7 +227,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
 		return errors.New("pgleader: Run called twice")
 	}
-	e.started = time.Now()
+	e.started = time.Now() // shown to operators: wall time
 	for {
 		sctx, cancel := context.WithTimeout(ctx, e.k.ConfirmTimeout)
 		err := EnsureSchema(sctx, e.pool)

@@ -11,18 +11,45 @@ import (
 // Term fencing: every write of a leader job commits only while the term
 // it was started in is current.
 
-// InTerm runs fn in a transaction on the pool that is fenced by the current
-// term: it first runs CheckTerm (locking the term row FOR SHARE), so fn's
-// writes commit only while this replica's term is current and no new term
-// can start until the transaction ends. fn's context is cancelled when
-// leadership ends. Without leadership, or when the term is no longer
-// current, InTerm returns a *StaleTermError (errors.Is(err, ErrStaleTerm))
-// and fn does not run (or its transaction rolls back). The transaction ends itself when idle
-// for longer than T/2.
-func (e *Elector) InTerm(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	lctx, term, ok := e.LeaderContext()
-	if !ok {
-		return &StaleTermError{Reason: "replica " + e.cfg.ID + " does not lead"}
+// Leadership is one term of this replica's leadership, handed to
+// Config.OnElected. The leader jobs of the term run under Context and write
+// through InTerm (or Fence in a transaction of their own): the database
+// refuses their writes once the term is over, also when this replica leads
+// again in a later term.
+type Leadership struct {
+	e    *Elector
+	ctx  context.Context
+	term int64
+}
+
+// Term is the number of the term; terms increase with every new leader.
+func (l *Leadership) Term() int64 { return l.term }
+
+// Context is cancelled when the term ends (at the latest T/2 after the
+// last answered confirmation of the lock session).
+func (l *Leadership) Context() context.Context { return l.ctx }
+
+// current reports whether the term still leads by this replica's own view
+// (its clock included), as a *StaleTermError when not.
+func (l *Leadership) current() error {
+	_, term, ok := l.e.leaderContext()
+	if !ok || term != l.term || l.ctx.Err() != nil {
+		return &StaleTermError{Term: l.term, Reason: "replica " + l.e.cfg.ID + " no longer leads in this term"}
+	}
+	return nil
+}
+
+// InTerm runs fn in a transaction on the pool that is fenced by the term:
+// it first runs CheckTerm (locking the term row FOR SHARE), so fn's writes
+// commit only while the term is current and no new term can start until
+// the transaction ends. fn's context is cancelled when leadership ends.
+// When the term is over InTerm returns a *StaleTermError
+// (errors.Is(err, ErrStaleTerm)) and fn does not run (or its transaction
+// rolls back). The transaction ends itself when idle for longer than T/2.
+func (l *Leadership) InTerm(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	e, lctx, term := l.e, l.ctx, l.term
+	if err := l.current(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -45,6 +72,16 @@ func (e *Elector) InTerm(ctx context.Context, fn func(ctx context.Context, tx pg
 	return e.fencedErr(lctx, term, tx.Commit(ctx))
 }
 
+// Fence checks, inside a transaction of the caller on any connection of the
+// database, that the term is still current (see CheckTerm). Use it as the
+// first statement of a leader job's own transaction.
+func (l *Leadership) Fence(ctx context.Context, tx pgx.Tx) error {
+	if err := l.current(); err != nil {
+		return err
+	}
+	return l.e.fence(ctx, tx, l.term)
+}
+
 // fencedErr turns a failure caused by the end of leadership into ErrStaleTerm.
 func (e *Elector) fencedErr(lctx context.Context, term int64, err error) error {
 	if err == nil || errors.Is(err, ErrStaleTerm) {
@@ -54,17 +91,6 @@ func (e *Elector) fencedErr(lctx context.Context, term int64, err error) error {
 		return &StaleTermError{Term: term, Reason: "leadership ended", Err: err}
 	}
 	return err
-}
-
-// Fence checks, inside a transaction of the caller on any connection of the
-// database, that this replica's term is still current (see CheckTerm). Use
-// it as the first statement of a leader job's own transaction.
-func (e *Elector) Fence(ctx context.Context, tx pgx.Tx) error {
-	_, term, ok := e.LeaderContext()
-	if !ok {
-		return &StaleTermError{Reason: "replica " + e.cfg.ID + " does not lead"}
-	}
-	return e.fence(ctx, tx, term)
 }
 
 func (e *Elector) fence(ctx context.Context, tx pgx.Tx, term int64) error {

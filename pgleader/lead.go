@@ -37,7 +37,7 @@ func (e *Elector) lead(ctx context.Context, s *session, term int64) (stopped boo
 		if lctx.Err() != nil {
 			return
 		}
-		if left := time.Until(e.lastAnswer.Add(e.k.ResignAfter)); left > 0 {
+		if left := e.lastAnswer.Add(e.k.ResignAfter).Sub(e.clock.Now()); left > 0 {
 			watchdog.Reset(left)
 			return
 		}
@@ -45,18 +45,15 @@ func (e *Elector) lead(ctx context.Context, s *session, term int64) (stopped boo
 	}
 	e.mu.Lock()
 	e.leader, e.term, e.leaderCtx = true, term, lctx
-	close(e.electedCh)
-	e.electedCh = make(chan struct{})
-	watchdog = time.AfterFunc(time.Until(e.lastAnswer.Add(e.k.ResignAfter)), expire)
+	watchdog = time.AfterFunc(e.lastAnswer.Add(e.k.ResignAfter).Sub(e.clock.Now()), expire)
 	e.mu.Unlock()
 	defer watchdog.Stop()
-	e.lastTerm.Store(term)
 	e.m.leader.Set(1)
 	e.m.term.Set(float64(term))
 	e.m.elections.Inc()
 	e.log.Info("elected leader", "term", term, "lock_pid", s.pid)
 	if e.cfg.OnElected != nil {
-		e.cfg.OnElected(lctx, term)
+		e.cfg.OnElected(&Leadership{e: e, ctx: lctx, term: term})
 	}
 	// Drain a stale report of an earlier term.
 	select {
@@ -73,10 +70,6 @@ func (e *Elector) lead(ctx context.Context, s *session, term int64) (stopped boo
 	reason := ""
 loop:
 	for {
-		probe := e.probe
-		if inflight {
-			probe = nil
-		}
 		select {
 		case <-ctx.Done():
 			reason = ReasonStop
@@ -84,8 +77,6 @@ loop:
 		case <-lctx.Done():
 			reason = ReasonConfirmTimeout
 			break loop
-		case p := <-probe:
-			p(s.conn)
 		case t := <-e.termLost:
 			if t == term {
 				reason = ReasonTermLost
@@ -110,7 +101,7 @@ loop:
 			expired := lctx.Err() != nil
 			if !expired {
 				e.lastAnswer = r.sent
-				watchdog.Reset(time.Until(r.sent.Add(e.k.ResignAfter)))
+				watchdog.Reset(r.sent.Add(e.k.ResignAfter).Sub(e.clock.Now()))
 			}
 			e.mu.Unlock()
 			if expired {
@@ -183,8 +174,8 @@ const confirmSQL = `WITH r AS (SELECT id FROM ` + RegistryTable + ` WHERE id = $
 	FROM r WHERE t.id = r.id AND t.lock_key = $3`
 
 func (e *Elector) confirm(ctx context.Context, s *session) confirmResult {
-	sent := time.Now()
-	qctx, cancel := context.WithTimeout(ctx, e.confirmTimeout)
+	sent := e.clock.Now()
+	qctx, cancel := context.WithTimeout(ctx, e.k.ConfirmTimeout)
 	defer cancel()
 	_, err := s.conn.Exec(qctx, confirmSQL, e.cfg.ID, true, e.cfg.LockKey)
 	return confirmResult{sent: sent, err: err}

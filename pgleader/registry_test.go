@@ -103,7 +103,7 @@ func TestFollowerWaitsOnTheLock(t *testing.T) {
 	})
 	a.stop(t)
 	waitFor(t, "b leads", 20*time.Second, b.e.IsLeader)
-	if b.e.Term() <= a.e.LastTerm() {
-		t.Fatalf("b leads term %d after a's term %d", b.e.Term(), a.e.LastTerm())
+	if b.e.Term() <= a.lastTerm() {
+		t.Fatalf("b leads term %d after a's term %d", b.e.Term(), a.lastTerm())
 	}
 }

@@ -108,8 +108,7 @@ func runReplica(specJSON string) int {
 	var mu sync.Mutex
 	var stopWriter context.CancelFunc = func() {}
 	defer func() { mu.Lock(); stopWriter(); mu.Unlock() }()
-	var e *pgleader.Elector
-	e, err = pgleader.New(pgleader.Config{
+	e, err := pgleader.New(pgleader.Config{
 		Pool:                 pool,
 		SessionConfig:        scfg,
 		LeaderSessionTimeout: time.Duration(spec.TMillis) * time.Millisecond,
@@ -118,7 +117,8 @@ func runReplica(specJSON string) int {
 		ID:                   spec.ID,
 		Version:              "leaderlab",
 		Logger:               logger,
-		OnElected: func(_ context.Context, term int64) {
+		OnElected: func(l *pgleader.Leadership) {
+			term := l.Term()
 			at := time.Now().UnixNano()
 			out.emit(Event{Ev: "elected", Term: term, PID: lockPID(ctx, pool, spec.LockKey), At: at})
 			// The writer deliberately ignores the leader context and keeps
