@@ -60,6 +60,20 @@ func (e *Elector) connectLock(ctx context.Context) (*session, error) {
 // upper bound.
 func (e *Elector) campaign(ctx context.Context, s *session) (*session, int64) {
 	wait := time.Duration(0) // the first try does not wait
+	// drop closes the lock session after a failure and waits one retry
+	// before the next session tries again (without waiting on the lock).
+	drop := func(msg string, err error) {
+		if ctx.Err() == nil {
+			e.log.Warn(msg, "error", err)
+		}
+		if s != nil {
+			s.hardClose()
+			s = nil
+			e.lockPID.Store(0)
+		}
+		sleepCtx(ctx, e.retryDelay())
+		wait = 0
+	}
 	for {
 		if ctx.Err() != nil {
 			if s != nil {
@@ -71,34 +85,19 @@ func (e *Elector) campaign(ctx context.Context, s *session) (*session, int64) {
 		if s == nil {
 			var err error
 			if s, err = e.connectLock(ctx); err != nil {
-				if ctx.Err() == nil {
-					e.log.Warn("opening the lock session failed", "error", err)
-				}
-				sleepCtx(ctx, e.retryDelay())
+				drop("opening the lock session failed", err)
 				continue
 			}
 		}
 		got, err := e.tryLock(ctx, s, wait)
 		if err != nil {
-			if ctx.Err() == nil {
-				e.log.Warn("lock attempt failed", "error", err)
-			}
-			s.hardClose()
-			s = nil
-			e.lockPID.Store(0)
-			sleepCtx(ctx, e.retryDelay())
-			wait = 0
+			drop("lock attempt failed", err)
 			continue
 		}
 		if got {
 			term, err := e.startTerm(ctx, s)
 			if err != nil {
-				e.log.Warn("starting a term failed; giving the lock back", "error", err)
-				s.hardClose()
-				s = nil
-				e.lockPID.Store(0)
-				sleepCtx(ctx, e.retryDelay())
-				wait = 0
+				drop("starting a term failed; giving the lock back", err)
 				continue
 			}
 			return s, term
