@@ -163,8 +163,17 @@ func Start(ctx context.Context, dir string, log func(format string, args ...any)
 }
 
 // prepareDir creates dir and its pg subdirectory private to their owner:
-// the caller, or the postgres user when the caller is root.
+// the caller, or the postgres user when the caller is root. An existing
+// directory that holds something else is refused, not taken over: its
+// mode and owner would change.
 func (d *DB) prepareDir() error {
+	if entries, err := os.ReadDir(d.dir); err == nil && len(entries) > 0 {
+		_, errPG := os.Stat(d.pgDir())
+		_, errPass := os.Stat(d.passFile())
+		if errPG != nil && errPass != nil {
+			return fmt.Errorf("%s is not empty and holds no --dev database (no pg or pgpass in it); give a new or empty directory", d.dir)
+		}
+	}
 	for _, p := range []string{d.dir, d.pgDir()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return err

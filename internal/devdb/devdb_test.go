@@ -152,3 +152,22 @@ func TestMyriarchdDoesNotLinkTesting(t *testing.T) {
 		}
 	}
 }
+
+// A directory that holds something else is refused and left as it was.
+func TestRefusesAForeignDirectory(t *testing.T) {
+	needPostgres(t)
+	dir := newDir(t)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(context.Background(), dir, t.Logf)
+	if err == nil || !strings.Contains(err.Error(), "holds no --dev database") {
+		t.Fatalf("Start on a foreign directory: %v", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("foreign directory changed: %v, %v", fi.Mode(), err)
+	}
+}
