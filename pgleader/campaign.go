@@ -129,7 +129,9 @@ func (e *Elector) tryLock(ctx context.Context, s *session, wait time.Duration) (
 	_, err := s.conn.Exec(qctx, fmt.Sprintf("SET lock_timeout = %d; SELECT pg_advisory_lock(%d); SET lock_timeout = 0",
 		max(1, wait.Milliseconds()), e.cfg.LockKey))
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
+		// lock_not_available: the wait ran out. query_canceled: someone
+		// cancelled the wait (pg_cancel_backend); the session is usable.
 		return false, nil
 	}
 	if err != nil {

@@ -85,22 +85,34 @@ func TestRegistryMigrationFromUnkeyedTable(t *testing.T) {
 // The fast path: a follower's lock session waits on the lock itself in the
 // server's lock queue (not in a sleep between tries), so the server hands
 // it the lock when the holder lets go; after a planned stop of the leader
-// it leads.
+// it leads. A statement_timeout of the database shorter than the wait does
+// not cut the waits short (the session would otherwise be replaced after
+// every timeout).
 func TestFollowerWaitsOnTheLock(t *testing.T) {
 	c := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := c.Psql(ctx, "ALTER DATABASE postgres SET statement_timeout = '300ms'"); err != nil {
+		t.Fatal(err, out)
+	}
 	pool := newPool(t, c.DSN(""))
 	a := startReplica(t, pool, "a", nil)
 	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
 	b := startReplica(t, pool, "b", nil)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	waitFor(t, "b's lock session waits in the lock queue", 30*time.Second, func() bool {
+	waiting := func() bool {
 		pid := b.e.lockPID.Load()
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND NOT l.granted
 			AND l.pid = $1 AND l.objid::bigint = ($2::bigint & 4294967295))`, pid, b.e.LockKey()).Scan(&waiting)
 		return pid != 0 && err == nil && waiting
-	})
+	}
+	waitFor(t, "b's lock session waits in the lock queue", 30*time.Second, waiting)
+	pid := b.e.lockPID.Load()
+	time.Sleep(time.Second) // more than the statement_timeout
+	waitFor(t, "b's lock session waits again", 10*time.Second, waiting)
+	if b.e.lockPID.Load() != pid {
+		t.Fatalf("b's lock session %d no longer waits (now %d) after the database's statement_timeout", pid, b.e.lockPID.Load())
+	}
 	a.stop(t)
 	waitFor(t, "b leads", 20*time.Second, b.e.IsLeader)
 	if b.e.Term() <= a.lastTerm() {

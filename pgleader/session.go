@@ -42,6 +42,13 @@ func (e *Elector) sessionConfig(withUserTimeout bool) *pgx.ConnConfig {
 	if c.RuntimeParams["application_name"] == "" {
 		c.RuntimeParams["application_name"] = "myriarch-pgleader"
 	}
+	// A follower's lock session waits on the lock for up to a retry
+	// interval; a statement_timeout of the database or role (common in
+	// production) would cut every wait short. Every statement on these
+	// sessions has a client-side timeout of its own.
+	if _, set := c.RuntimeParams["statement_timeout"]; !set {
+		c.RuntimeParams["statement_timeout"] = "0"
+	}
 	return c
 }
 
