@@ -57,10 +57,6 @@ func runFailoverLab(args []string, stdout, stderr io.Writer) int {
 		}
 		scenarios = append(scenarios, s)
 	}
-	if _, err := failover.DeriveLeaderKeepalive(*t); err != nil {
-		fmt.Fprintf(stderr, "failover-lab: --leader-session-timeout: %v\n", err)
-		return cli.ExitUsage
-	}
 	if *runs < 1 {
 		fmt.Fprintf(stderr, "failover-lab: --runs %d: must be at least 1\n", *runs)
 		return cli.ExitUsage
@@ -72,10 +68,15 @@ func runFailoverLab(args []string, stdout, stderr io.Writer) int {
 		opts.Log = func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
 		opts.ReplicaLog = stderr
 	}
-	lab, err := leaderlab.New(ctx, opts)
+	lab, err := leaderlab.New(ctx, opts) // derives the keepalive parameters from T first
+	var fe *failover.FieldError
+	if errors.As(err, &fe) {
+		fmt.Fprintf(stderr, "failover-lab: --leader-session-timeout %s: %s\n", fe.Value, fe.Rule)
+		return cli.ExitUsage
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "failover-lab: %v\n", err)
-		return cli.ExitUsage
+		return 1
 	}
 	defer lab.Close()
 	status := 0
