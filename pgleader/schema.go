@@ -53,11 +53,16 @@ CREATE INDEX IF NOT EXISTS ` + RegistryTable + `_lock_pid ON ` + RegistryTable +
 // replicas of a database together (a rolling upgrade works: the new
 // replicas take over).
 var registryMigration = fmt.Sprintf(`
-ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS lock_key bigint;
-UPDATE %[1]s SET lock_key = %[2]d WHERE lock_key IS NULL;
-ALTER TABLE %[1]s ALTER COLUMN lock_key SET NOT NULL;
 DO $$
 BEGIN
+	-- Only a table of the earlier layout is altered: on a keyed table this
+	-- takes no lock beyond the catalog reads (an ALTER would lock the table
+	-- against the leader's heartbeat on every start of a replica).
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('%[1]s') AND attname = 'lock_key' AND NOT attisdropped) THEN
+		ALTER TABLE %[1]s ADD COLUMN lock_key bigint;
+		UPDATE %[1]s SET lock_key = %[2]d;
+		ALTER TABLE %[1]s ALTER COLUMN lock_key SET NOT NULL;
+	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
 			WHERE i.indrelid = to_regclass('%[1]s') AND i.indisprimary AND a.attname = 'lock_key') THEN
 		ALTER TABLE %[1]s DROP CONSTRAINT IF EXISTS %[1]s_pkey;
