@@ -87,7 +87,9 @@ func ReleaseWakesStandby(t *testing.T, open func(t *testing.T) lease.Store) {
 		t.Fatalf("owner Run: %v", err)
 	}
 	odone <- nil
+	released := time.Now()
 	waitEvent(t, standby, lease.EventAcquired, 30*time.Second)
+	t.Logf("the standby acquired %v after the owner's Run returned (its poll: %v)", time.Since(released).Round(time.Microsecond), cadence.AcquirePollInterval)
 	if n := standbyStore.acquires.Load(); n != 2 {
 		t.Errorf("the standby called Acquire %d times; want 2 (the baseline and the one the release woke)", n)
 	}
