@@ -2,7 +2,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent image helm
+.PHONY: demo test tidy vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent image helm
 
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
@@ -28,7 +28,7 @@ bench:
 # Under CI=true the real OpAMP agent and helm are built before the unit tests
 # (their tests fail without them); elsewhere the agent's test skips until
 # `make otel-agent` has run once, and the chart tests build helm on first use.
-test: vet staticcheck $(if $(filter true,$(CI)),otel-agent helm) unit
+test: tidy vet staticcheck $(if $(filter true,$(CI)),otel-agent helm) unit
 
 # The real OpAMP agent for internal/fleet/otelagent's test: the
 # OpenTelemetry OpAMP supervisor and a small collector, v0.149.0, cached in
@@ -36,6 +36,11 @@ test: vet staticcheck $(if $(filter true,$(CI)),otel-agent helm) unit
 # minutes the first time, nothing once cached.
 otel-agent:
 	GO=$(GO) tools/otelagent/build.sh
+
+# go.mod and go.sum must be what `go mod tidy` writes: direct requirements
+# listed as such, nothing missing, nothing stale. Fix with `go mod tidy`.
+tidy:
+	$(GO) mod tidy -diff
 
 # The real helm v3.22.0 for deploy's chart tests, built from tools/helm (its
 # own module) into the cache the tests look in; nothing once it is there.

@@ -274,11 +274,29 @@ func (m *Manager) renewDelay(deadline time.Time) time.Duration {
 	return max(0, min(d, deadline.Sub(m.clock.Now())))
 }
 
+// ReleaseNotifier is implemented by stores that can tell a standby at once
+// that a lease was released (the stores of this module do). The channel
+// receives a value when lease id may have been released, until ctx ends; a
+// nil channel means the store cannot tell. A notification is only a hint:
+// the standby then calls Acquire at once instead of at its next poll, and
+// the poll stays its bound (a crashed owner releases nothing, and its
+// takeover keeps the observation protocol and its budget).
+type ReleaseNotifier interface {
+	NotifyRelease(ctx context.Context, id string) <-chan struct{}
+}
+
 // standBy calls Acquire every jittered poll until it is granted or ctx
-// ends. The first call sets the observation baseline.
+// ends, and at once when the store reports the lease released. The first
+// call sets the observation baseline.
 func (m *Manager) standBy(ctx context.Context) (Token, time.Time, bool) {
 	c := m.cfg.Cadence
 	claim := Claim{ID: m.cfg.Session, Owner: m.owner, TTL: c.LeaseTTL, Endpoint: m.cfg.Endpoint}
+	var released <-chan struct{}
+	if n, ok := m.cfg.Store.(ReleaseNotifier); ok {
+		nctx, stop := context.WithCancel(ctx)
+		defer stop()
+		released = n.NotifyRelease(nctx, m.cfg.Session)
+	}
 	var lastHolder string
 	for {
 		if ctx.Err() != nil {
@@ -320,6 +338,8 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, bool) {
 			t.Stop()
 			return Token{}, time.Time{}, false
 		case <-t.C:
+		case <-released:
+			t.Stop()
 		}
 	}
 }

@@ -13,8 +13,13 @@
 //     a silent session between D − I and D after the last packet it
 //     received. Ordinary pooled connections keep the server defaults. A
 //     server that refuses tcp_user_timeout is used without it (one warning).
-//   - Followers try pg_try_advisory_lock every min(5s, T/6) plus up to 20 %
-//     jitter.
+//   - Followers wait on the lock itself: their lock session queues in
+//     pg_advisory_lock, bounded by lock_timeout = min(5s, T/6) plus up to
+//     20 % jitter, so the server hands a follower the lock the moment the
+//     holder unlocks or its session ends (planned stop, kill -9, crash, a
+//     session the server dropped by its keepalives). Between two waits the
+//     follower runs the frozen-leader check below; the jittered interval
+//     therefore keeps its role in every bound, which the fast path beats.
 //   - The leader confirms its lock session every T/6 (timeout T/3) and
 //     resigns at the latest T/2 after the last answer: it cancels the
 //     leader context, sets myriarch_leader to 0, ends its own lock session
@@ -26,11 +31,14 @@
 // leader process that is frozen (SIGSTOP, a long pause) keeps its connection
 // alive. Followers therefore read the registry heartbeat of the lock holder
 // and end its lock session by pid when it is older than T. A frozen leader
-// that wakes up must not act on its old term: every write of a leader job
-// goes through Elector.InTerm (or Elector.Fence in a caller's
-// transaction), which locks the term row FOR SHARE and fails with a
-// *StaleTermError (errors.Is(err, ErrStaleTerm)) unless the term is still
-// current and its lock session still holds the lock. A new leader
+// that wakes up must not act on its old term: Config.OnElected receives the
+// term's Leadership, and every write of a leader job goes through its
+// InTerm (or Fence in a caller's transaction), which locks the term row FOR
+// SHARE and fails with a *StaleTermError (errors.Is(err, ErrStaleTerm))
+// unless that very term is still current and its lock session still holds
+// the lock. Leadership is observed through the callbacks (OnElected,
+// OnDemoted) and, for status pages, Elector.IsLeader and Elector.Term,
+// which check the time of the last answer against Config.Clock. A new leader
 // increments the term under an exclusive row lock, so fenced writes of two
 // terms never interleave; fenced transactions of the old term that block it
 // for longer than 300 ms are ended.
@@ -50,6 +58,12 @@
 // Tables (created by EnsureSchema, which Run calls):
 //
 //	myriarch_leader_term (lock_key PK, term, leader_id, lock_pid, elected_at)
-//	myriarch_replicas    (id PK, host, version, started_at, last_heartbeat,
-//	                      is_leader, lock_pid)
+//	myriarch_replicas    ((lock_key, id) PK, host, version, started_at,
+//	                      last_heartbeat, is_leader, lock_pid)
+//
+// Other packages do not write SQL against them: CurrentTerm,
+// TermCommitTime, ReadReplicas, PruneReplicas and CheckTerm take a pool, a
+// connection or a transaction (DB). The registry is keyed by the lock key,
+// so services with different keys in one database neither list nor prune
+// each other's replicas.
 package pgleader

@@ -21,19 +21,18 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	var e *pgleader.Elector
-	e, err = pgleader.New(pgleader.Config{
+	e, err := pgleader.New(pgleader.Config{
 		Pool:       pool,
 		Version:    "1.4.0",
 		Registerer: prometheus.DefaultRegisterer,
-		OnElected: func(lctx context.Context, term int64) {
+		OnElected: func(l *pgleader.Leadership) {
 			go func() { // a singleton job; it ends with the term
-				err := e.InTerm(lctx, func(ctx context.Context, tx pgx.Tx) error {
+				err := l.InTerm(l.Context(), func(ctx context.Context, tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, "UPDATE rollouts SET state = 'running' WHERE id = $1", 7)
 					return err
 				})
 				if errors.Is(err, pgleader.ErrStaleTerm) {
-					return // another replica leads now; do nothing
+					return // the term is over; another replica leads now
 				}
 			}()
 		},

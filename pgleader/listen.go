@@ -47,7 +47,7 @@ func (e *Elector) listenOnce(ctx context.Context, channels []string, fn func(*pg
 		return err
 	}
 	defer func() {
-		c, cl := context.WithTimeout(context.Background(), ReleaseTimeout)
+		c, cl := context.WithTimeout(context.Background(), ListenerCloseTimeout)
 		defer cl()
 		_ = conn.Close(c)
 	}()

@@ -10,17 +10,20 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
@@ -54,6 +57,24 @@ type replica struct {
 	cancel context.CancelFunc
 	done   chan error
 	reg    *prometheus.Registry
+	lead   atomic.Pointer[Leadership] // the last term's, from OnElected
+}
+
+// lastTerm is the last term the replica led in (0: never).
+func (r *replica) lastTerm() int64 {
+	if l := r.lead.Load(); l != nil {
+		return l.Term()
+	}
+	return 0
+}
+
+// inTerm writes through the last term's Leadership, as a leader job does.
+func (r *replica) inTerm(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	l := r.lead.Load()
+	if l == nil {
+		return &StaleTermError{Reason: "never elected"}
+	}
+	return l.InTerm(ctx, fn)
 }
 
 func startReplica(t testing.TB, pool *pgxpool.Pool, id string, mod func(*Config)) *replica {
@@ -64,12 +85,20 @@ func startReplica(t testing.TB, pool *pgxpool.Pool, id string, mod func(*Config)
 	if mod != nil {
 		mod(&cfg)
 	}
+	r := &replica{done: make(chan error, 1), reg: reg}
+	onElected := cfg.OnElected
+	cfg.OnElected = func(l *Leadership) {
+		r.lead.Store(l)
+		if onElected != nil {
+			onElected(l)
+		}
+	}
 	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &replica{e: e, cancel: cancel, done: make(chan error, 1), reg: reg}
+	r.e, r.cancel = e, cancel
 	go func() { r.done <- e.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
 	return r
@@ -104,17 +133,45 @@ func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) t
 }
 
 // Test (2) of the spec: the lock session itself (the connection that holds
-// the advisory lock, probed from the lead loop and identified through
-// pg_locks) and the listener's session report the derived parameters with
-// SHOW; the pool keeps the server defaults.
+// the advisory lock, identified through pg_locks, asked with SHOW when it
+// was opened) and the listener's session report the derived parameters;
+// the pool keeps the server defaults.
 func TestSessionReportsDerivedParameters(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
-	e, err := New(Config{Pool: pool, LeaderSessionTimeout: testT, ID: "a", Logger: testLogger(t)})
+	k, err := failover.DeriveLeaderKeepalive(testT)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.probe = make(chan func(*pgx.Conn))
+	want := map[string]string{
+		"tcp_keepalives_idle":     strconv.Itoa(int(k.KeepalivesIdle / time.Second)),
+		"tcp_keepalives_interval": strconv.Itoa(int(k.KeepalivesInterval / time.Second)),
+		"tcp_keepalives_count":    strconv.Itoa(k.KeepalivesCount),
+		"tcp_user_timeout":        strconv.FormatInt(k.UserTimeout.Milliseconds(), 10),
+	}
+	// Every dedicated session answers SHOW right after it connected,
+	// recorded by backend pid.
+	var mu sync.Mutex
+	sessions := map[uint32]map[string]string{}
+	scfg := pool.Config().ConnConfig.Copy()
+	scfg.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+		show := map[string]string{}
+		for name := range want {
+			res := pc.ExecParams(ctx, "SHOW "+name, nil, nil, nil, nil).Read()
+			if res.Err != nil {
+				return res.Err
+			}
+			show[name] = string(res.Rows[0][0])
+		}
+		mu.Lock()
+		sessions[pc.PID()] = show
+		mu.Unlock()
+		return nil
+	}
+	e, err := New(Config{Pool: pool, SessionConfig: scfg, LeaderSessionTimeout: testT, ID: "a", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(runCtx) }()
@@ -123,13 +180,6 @@ func TestSessionReportsDerivedParameters(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := e.Keepalive()
-	want := map[string]string{
-		"tcp_keepalives_idle":     strconv.Itoa(int(k.KeepalivesIdle / time.Second)),
-		"tcp_keepalives_interval": strconv.Itoa(int(k.KeepalivesInterval / time.Second)),
-		"tcp_keepalives_count":    strconv.Itoa(k.KeepalivesCount),
-		"tcp_user_timeout":        strconv.FormatInt(k.UserTimeout.Milliseconds(), 10),
-	}
 	check := func(session string, show func(name string) (string, error)) {
 		t.Helper()
 		for name, v := range want {
@@ -145,47 +195,20 @@ func TestSessionReportsDerivedParameters(t *testing.T) {
 		}
 	}
 
-	// The lock session, through the lead loop.
-	type probed struct {
-		pid  int32
-		show map[string]string
-		err  error
-	}
-	res := make(chan probed, 1)
-	req := func(conn *pgx.Conn) {
-		p := probed{show: map[string]string{}}
-		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
-		defer qcancel()
-		p.err = conn.QueryRow(qctx, "SELECT pg_backend_pid()").Scan(&p.pid)
-		for name := range want {
-			if p.err != nil {
-				break
-			}
-			var v string
-			p.err = conn.QueryRow(qctx, "SHOW "+name).Scan(&v)
-			p.show[name] = v
-		}
-		res <- p
-	}
-	select {
-	case e.probe <- req:
-	case <-ctx.Done():
-		t.Fatal("the lead loop did not take the probe")
-	}
-	p := <-res
-	if p.err != nil {
-		t.Fatal(p.err)
-	}
-	// It is the session that holds the leader lock.
+	// The lock session: the backend that holds the leader lock.
+	pid := e.lockPID.Load()
 	var holds bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE `+lockKeyWhere+` AND l.pid = $2)`,
-		e.LockKey(), p.pid).Scan(&holds); err != nil {
+		e.LockKey(), pid).Scan(&holds); err != nil {
 		t.Fatal(err)
 	}
-	if !holds || p.pid != e.lockPID.Load() {
-		t.Fatalf("probed backend %d holds the lock: %v; lock pid %d", p.pid, holds, e.lockPID.Load())
+	mu.Lock()
+	show, ok := sessions[uint32(pid)]
+	mu.Unlock()
+	if !holds || !ok {
+		t.Fatalf("lock pid %d holds the lock: %v; answered SHOW when it connected: %v", pid, holds, ok)
 	}
-	check(fmt.Sprintf("lock session (pid %d)", p.pid), func(name string) (string, error) { return p.show[name], nil })
+	check(fmt.Sprintf("lock session (pid %d)", pid), func(name string) (string, error) { return show[name], nil })
 
 	// The listener's session (Listen opens it with ConnectSession).
 	conn, err := e.ConnectSession(ctx)
@@ -223,7 +246,8 @@ func TestLeaderContextEndsWithoutTheLeadLoop(t *testing.T) {
 	var first atomic.Bool
 	first.Store(true)
 	a := startReplica(t, pool, "a", func(cfg *Config) {
-		cfg.OnElected = func(ctx context.Context, term int64) {
+		cfg.OnElected = func(l *Leadership) {
+			ctx := l.Context()
 			if !first.CompareAndSwap(true, false) {
 				return
 			}
@@ -262,7 +286,7 @@ func TestElectionFencingAndPlannedStop(t *testing.T) {
 	pool := newPool(t, c.DSN(""))
 	var elected atomic.Int64
 	a := startReplica(t, pool, "a", func(c *Config) {
-		c.OnElected = func(ctx context.Context, term int64) { elected.Store(term) }
+		c.OnElected = func(l *Leadership) { elected.Store(l.Term()) }
 	})
 	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
 	b := startReplica(t, pool, "b", nil)
@@ -276,8 +300,8 @@ func TestElectionFencingAndPlannedStop(t *testing.T) {
 		t.Fatalf("term %d, OnElected %d", termA, elected.Load())
 	}
 	write := func(r *replica) error {
-		return r.e.InTerm(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, "INSERT INTO jobs VALUES ($1, $2)", r.e.LastTerm(), r.e.ID())
+		return r.inTerm(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO jobs VALUES ($1, $2)", r.lastTerm(), r.e.ID())
 			return err
 		})
 	}
@@ -409,9 +433,9 @@ func TestLeaderResignsWhenLockSessionEnds(t *testing.T) {
 		c.OnDemoted = func(term int64, reason string) { demoted.Store(reason) }
 	})
 	waitFor(t, "leader", 20*time.Second, r.e.IsLeader)
-	lctx, term, ok := r.e.LeaderContext()
+	lctx, term, ok := r.e.leaderContext()
 	if !ok {
-		t.Fatal("LeaderContext: not leader")
+		t.Fatal("leaderContext: not leader")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -486,7 +510,7 @@ func TestInTermRollsBackOnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
-	err := a.e.InTerm(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err := a.inTerm(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO jobs VALUES (1)"); err != nil {
 			return err
 		}
@@ -497,7 +521,7 @@ func TestInTermRollsBackOnError(t *testing.T) {
 	}
 	// Fence in a caller's own transaction.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if err := a.e.Fence(ctx, tx); err != nil {
+		if err := a.lead.Load().Fence(ctx, tx); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, "INSERT INTO jobs VALUES (2)")
@@ -519,8 +543,8 @@ func TestRegistryStaleRowsAndPrune(t *testing.T) {
 	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+RegistryTable+` (id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
-		VALUES ('gone', 'node-2', 'v8', now() - interval '1 hour', now() - interval '10 minutes', true, 12345)`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+RegistryTable+` (lock_key, id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
+		VALUES ($1, 'gone', 'node-2', 'v8', now() - interval '1 hour', now() - interval '10 minutes', true, 12345)`, a.e.LockKey()); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := a.e.Replicas(ctx)
@@ -533,7 +557,7 @@ func TestRegistryStaleRowsAndPrune(t *testing.T) {
 	if r := rs[1]; r.ID != "a" || r.Stale || !r.HoldsLock || r.Host != "node-1" || r.Version != "v9" || r.StartedAt.IsZero() {
 		t.Fatalf("live row: %+v", r)
 	}
-	n, err := PruneReplicas(ctx, pool, time.Hour/2/3)
+	n, err := PruneReplicas(ctx, pool, a.e.LockKey(), time.Hour/2/3)
 	if err != nil || n != 1 {
 		t.Fatalf("prune: %d %v", n, err)
 	}
@@ -608,18 +632,39 @@ func TestNewValidates(t *testing.T) {
 	if e.IsLeader() || e.Term() != 0 {
 		t.Error("leader before Run")
 	}
-	if _, _, ok := e.LeaderContext(); ok {
-		t.Error("LeaderContext ok before Run")
+	if _, _, ok := e.leaderContext(); ok {
+		t.Error("leaderContext ok before Run")
 	}
-	if err := e.InTerm(context.Background(), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, ErrStaleTerm) {
-		t.Errorf("InTerm before Run: %v", err)
+}
+
+// slowCancel plays a driver that honours a cancelled context only after
+// delay (the default handler sets a deadline on the socket at once).
+type slowCancel struct {
+	conn  net.Conn
+	delay time.Duration
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+func (h *slowCancel) HandleCancel(context.Context) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timer = time.AfterFunc(h.delay, func() { _ = h.conn.SetDeadline(time.Now()) })
+}
+
+func (h *slowCancel) HandleUnwatchAfterCancel() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.timer != nil && h.timer.Stop() {
+		_ = h.conn.SetDeadline(time.Time{})
 	}
 }
 
 // The lock session's connection freezes (a proxy stops forwarding without
-// FIN) and the confirmation never times out by itself: the watchdog on
-// the time of the last answer still ends the leadership at T/2, and the
-// follower leads within T.
+// FIN) and the confirmation does not time out by itself for T (a driver
+// that is slow to honour its context): the watchdog on the time of the
+// last answer still ends the leadership at T/2, and the follower leads
+// within T.
 func TestWatchdogResignsWithoutQueryTimeout(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
@@ -632,6 +677,9 @@ func TestWatchdogResignsWithoutQueryTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	scfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &slowCancel{conn: pc.Conn(), delay: testT}
+	}
 	var demotedAt atomic.Int64
 	var reason atomic.Value
 	e, err := New(Config{Pool: pool, SessionConfig: scfg, LeaderSessionTimeout: testT, ID: "a", Logger: testLogger(t),
@@ -639,7 +687,6 @@ func TestWatchdogResignsWithoutQueryTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.confirmTimeout = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
@@ -735,7 +782,7 @@ func TestStaleHeartbeatKeepsTheLockPID(t *testing.T) {
 	defer cancel()
 	pid := a.e.lockPID.Load()
 	// The late heartbeat of a replica that had no lock session yet.
-	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, false, nil); err != nil {
+	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, false, nil, a.e.LockKey()); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := a.e.Replicas(ctx)
@@ -749,7 +796,7 @@ func TestStaleHeartbeatKeepsTheLockPID(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE "+RegistryTable+" SET lock_pid = 0 WHERE id = 'a'"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, true, pid); err != nil {
+	if _, err := pool.Exec(ctx, registryUpsertParam, "a", a.e.cfg.Host, "test", a.e.started, true, pid, a.e.LockKey()); err != nil {
 		t.Fatal(err)
 	}
 	if rs, err = a.e.Replicas(ctx); err != nil || len(rs) != 1 || rs[0].LockPID != pid {

@@ -21,7 +21,7 @@ const (
 // keys live apart from the single-bigint leader key).
 const schemaLockA, schemaLockB = 0x4d59, 0x5047
 
-const schemaSQL = `
+var schemaSQL = `
 CREATE TABLE IF NOT EXISTS ` + TermTable + ` (
 	lock_key   bigint PRIMARY KEY,
 	term       bigint NOT NULL,
@@ -30,16 +30,46 @@ CREATE TABLE IF NOT EXISTS ` + TermTable + ` (
 	elected_at timestamptz NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ` + RegistryTable + ` (
-	id             text PRIMARY KEY,
+	lock_key       bigint NOT NULL,
+	id             text NOT NULL,
 	host           text NOT NULL,
 	version        text NOT NULL,
 	started_at     timestamptz NOT NULL,
 	last_heartbeat timestamptz NOT NULL,
 	is_leader      boolean NOT NULL DEFAULT false,
-	lock_pid       integer
+	lock_pid       integer,
+	PRIMARY KEY (lock_key, id)
 );
 CREATE INDEX IF NOT EXISTS ` + RegistryTable + `_lock_pid ON ` + RegistryTable + ` (lock_pid);
-`
+` + registryMigration
+
+// registryMigration keys a registry table created before the registry had
+// a lock key (primary key id alone): the existing rows are given the
+// default key (the key of nearly every installation; rows of replicas with
+// another key are written again, keyed, by their next heartbeat, and the
+// old ones age out like any stale row), then the primary key becomes
+// (lock_key, id). A no-op on a keyed table. Replicas of a version from
+// before the key cannot write their row after the migration: upgrade all
+// replicas of a database together (a rolling upgrade works: the new
+// replicas take over).
+var registryMigration = fmt.Sprintf(`
+DO $$
+BEGIN
+	-- Only a table of the earlier layout is altered: on a keyed table this
+	-- takes no lock beyond the catalog reads (an ALTER would lock the table
+	-- against the leader's heartbeat on every start of a replica).
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('%[1]s') AND attname = 'lock_key' AND NOT attisdropped) THEN
+		ALTER TABLE %[1]s ADD COLUMN lock_key bigint;
+		UPDATE %[1]s SET lock_key = %[2]d;
+		ALTER TABLE %[1]s ALTER COLUMN lock_key SET NOT NULL;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+			WHERE i.indrelid = to_regclass('%[1]s') AND i.indisprimary AND a.attname = 'lock_key') THEN
+		ALTER TABLE %[1]s DROP CONSTRAINT IF EXISTS %[1]s_pkey;
+		ALTER TABLE %[1]s ADD PRIMARY KEY (lock_key, id);
+	END IF;
+END $$;
+`, RegistryTable, DefaultLockKey)
 
 // EnsureSchema creates the term and registry tables if they do not exist.
 // Concurrent callers are serialized with a transaction-level advisory lock.
@@ -86,6 +116,45 @@ func CheckTerm(ctx context.Context, tx pgx.Tx, lockKey, term int64) error {
 	return nil
 }
 
+// DB runs the SQL of the table functions: a *pgxpool.Pool, a *pgx.Conn
+// or a pgx.Tx (for example the fenced transaction of a leader job).
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// TermRecord is the current term of a lock key as recorded in the term
+// table.
+type TermRecord struct {
+	Term      int64
+	LeaderID  string
+	ElectedAt time.Time
+	// LockPID is the backend pid of the lock session that started the term.
+	LockPID int32
+}
+
+// CurrentTerm reads the term row of lockKey. ok is false while no leader
+// was ever elected (also before EnsureSchema ran).
+func CurrentTerm(ctx context.Context, db DB, lockKey int64) (r TermRecord, ok bool, err error) {
+	err = db.QueryRow(ctx, `SELECT term, leader_id, elected_at, lock_pid FROM `+TermTable+` WHERE lock_key = $1`, lockKey).
+		Scan(&r.Term, &r.LeaderID, &r.ElectedAt, &r.LockPID)
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || (errors.As(err, &pgErr) && pgErr.Code == "42P01") {
+		return r, false, nil
+	}
+	return r, err == nil, err
+}
+
+// TermCommitTime returns when the transaction that started term of lockKey
+// committed, by the server's clock. It needs track_commit_timestamp = on
+// and returns pgx.ErrNoRows when term is no longer the recorded one.
+func TermCommitTime(ctx context.Context, db DB, lockKey, term int64) (time.Time, error) {
+	var at time.Time
+	err := db.QueryRow(ctx, `SELECT pg_xact_commit_timestamp(xmin) FROM `+TermTable+` WHERE lock_key = $1 AND term = $2`, lockKey, term).Scan(&at)
+	return at, err
+}
+
 // Replica is one row of the replica registry.
 type Replica struct {
 	ID            string
@@ -106,14 +175,14 @@ type Replica struct {
 	Stale bool
 }
 
-// ReadReplicas lists the registry, oldest first. Rows whose heartbeat is
+// ReadReplicas lists the registry rows of lockKey, oldest first. Rows whose heartbeat is
 // older than staleAfter are marked Stale; they stay until removed with
 // PruneReplicas.
-func ReadReplicas(ctx context.Context, pool *pgxpool.Pool, lockKey int64, staleAfter time.Duration) ([]Replica, error) {
-	rows, err := pool.Query(ctx, `SELECT r.id, r.host, r.version, r.started_at, r.last_heartbeat,
+func ReadReplicas(ctx context.Context, db DB, lockKey int64, staleAfter time.Duration) ([]Replica, error) {
+	rows, err := db.Query(ctx, `SELECT r.id, r.host, r.version, r.started_at, r.last_heartbeat,
 			EXTRACT(EPOCH FROM now() - r.last_heartbeat)::float8, r.is_leader, coalesce(r.lock_pid, 0),
 			EXISTS (SELECT 1 FROM pg_locks l WHERE `+lockKeyWhere+` AND l.pid = r.lock_pid)
-		FROM `+RegistryTable+` r ORDER BY r.started_at, r.id`, lockKey)
+		FROM `+RegistryTable+` r WHERE r.lock_key = $1 ORDER BY r.started_at, r.id`, lockKey)
 	if err != nil {
 		return nil, err
 	}
@@ -131,37 +200,39 @@ func ReadReplicas(ctx context.Context, pool *pgxpool.Pool, lockKey int64, staleA
 	return out, rows.Err()
 }
 
-// PruneReplicas deletes registry rows whose heartbeat is older than
-// olderThan and returns how many it deleted.
-func PruneReplicas(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration) (int64, error) {
-	tag, err := pool.Exec(ctx, `DELETE FROM `+RegistryTable+` WHERE last_heartbeat < now() - make_interval(secs => $1)`, olderThan.Seconds())
+// PruneReplicas deletes the registry rows of lockKey whose heartbeat is
+// older than olderThan and returns how many it deleted. db may be the
+// fenced transaction of a leader job.
+func PruneReplicas(ctx context.Context, db DB, lockKey int64, olderThan time.Duration) (int64, error) {
+	tag, err := db.Exec(ctx, `DELETE FROM `+RegistryTable+` WHERE lock_key = $1 AND last_heartbeat < now() - make_interval(secs => $2)`, lockKey, olderThan.Seconds())
 	if err != nil {
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
 }
 
-// registryUpsert writes the registry row; the first %s is the lock pid,
-// the second the new value of lock_pid on conflict.
+// registryUpsert writes the registry row; the %s are the parameter of the
+// lock key, the lock pid and the new value of lock_pid on conflict.
 const registryUpsert = `INSERT INTO ` + RegistryTable + ` AS r
-	(id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
-	VALUES ($1, $2, $3, $4, now(), $5, %s)
-	ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version,
+	(lock_key, id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
+	VALUES (%s, $1, $2, $3, $4, now(), $5, %s)
+	ON CONFLICT (lock_key, id) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version,
 		started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,
 		is_leader = EXCLUDED.is_leader, lock_pid = %s`
 
 var (
 	// registryUpsertSelf runs on the lock session itself and records its
-	// own pid: the lock session is the authority on lock_pid.
-	registryUpsertSelf = fmt.Sprintf(registryUpsert, "pg_backend_pid()", "EXCLUDED.lock_pid")
-	// registryUpsertParam is the heartbeat through the pool; $6 is the lock
-	// pid the replica knew when it sent the write (NULL: none). That
+	// own pid: the lock session is the authority on lock_pid. $6 is the
+	// lock key.
+	registryUpsertSelf = fmt.Sprintf(registryUpsert, "$6", "pg_backend_pid()", "EXCLUDED.lock_pid")
+	// registryUpsertParam is the heartbeat through the pool; $7 is the
+	// lock key, $6 the lock pid the replica knew when it sent the write (NULL: none). That
 	// snapshot may be older than the row: a heartbeat sent before the lock
 	// session registered itself can commit after it. So it never replaces
 	// the pid of a backend that is still alive; otherwise it would hide the
 	// lock session from the followers' frozen-leader check until the next
 	// confirmation.
-	registryUpsertParam = fmt.Sprintf(registryUpsert, "$6", `CASE WHEN r.lock_pid IS NOT NULL
+	registryUpsertParam = fmt.Sprintf(registryUpsert, "$7", "$6", `CASE WHEN r.lock_pid IS NOT NULL
 			AND r.lock_pid IS DISTINCT FROM EXCLUDED.lock_pid
 			AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.lock_pid)
 		THEN r.lock_pid ELSE EXCLUDED.lock_pid END`)

@@ -297,10 +297,11 @@ func TestReplicaKilledWhileDraining(t *testing.T) {
 	for _, ag := range onK {
 		agentOnline(ag)
 	}
-	var lockPID int32
-	if err := f.Store.Pool.QueryRow(ctx, "SELECT lock_pid FROM "+pgleader.TermTable).Scan(&lockPID); err != nil {
-		t.Fatal(err)
+	cur, ok, err := pgleader.CurrentTerm(ctx, f.Store.Pool, pgleader.DefaultLockKey)
+	if err != nil || !ok {
+		t.Fatalf("current term: %+v, %v, %v", cur, ok, err)
 	}
+	lockPID := cur.LockPID
 
 	// SIGTERM to K, with a plain-HTTP agent poll that holds its OpAMP drain
 	// open; SIGKILL as soon as the drain runs.

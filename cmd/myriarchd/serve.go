@@ -13,16 +13,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/myriarch/myriarch/internal/cli"
+	"github.com/myriarch/myriarch/internal/devdb"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/ui"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -41,7 +40,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	cfgFile := fs.String("config", os.Getenv("MYRIARCH_CONFIG"), "YAML configuration file (env MYRIARCH_CONFIG)")
 	dev := fs.Bool("dev", false, "start a private PostgreSQL from the local installation (initdb/pg_ctl) and print the UI address and an admin token")
-	devDir := fs.String("dev-dir", filepath.Join(os.TempDir(), "myriarchd-dev-"+strconv.Itoa(os.Getuid())), "data directory of --dev (kept between runs)")
+	devDir := fs.String("dev-dir", devdb.DefaultDir(), "private (0700) data directory of --dev, kept between runs")
 	if err := fs.Parse(args); err != nil {
 		return cli.ExitUsage
 	}
@@ -61,16 +60,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	var pg *pgtest.Cluster
+	var pg *devdb.DB
 	if *dev {
 		if pg, err = startDevPostgres(ctx, cfg, *devDir, log); err != nil {
 			fmt.Fprintln(stderr, "myriarchd --dev:", err)
 			return 1
 		}
 		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			sctx, cancel := context.WithTimeout(context.Background(), devdb.StopTimeout)
 			defer cancel()
-			if err := pg.StopServer(sctx, "fast"); err != nil {
+			if err := pg.Stop(sctx); err != nil {
 				log.Error("stopping the dev PostgreSQL failed", "error", err)
 			}
 		}()
@@ -123,19 +122,12 @@ func displayAddr(a net.Addr) string {
 	return net.JoinHostPort(host, port)
 }
 
-// startDevPostgres starts (creating on first use) the private cluster of
+// startDevPostgres starts (creating on first use) the private database of
 // --dev in dir and points the configuration at it.
-func startDevPostgres(ctx context.Context, cfg *config.Config, dir string, log *slog.Logger) (*pgtest.Cluster, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	_ = os.Chmod(dir, 0o755) // as root, PostgreSQL runs as the postgres user and must reach dir/pg
-	pg, err := pgtest.Start(ctx, pgtest.Options{Dir: filepath.Join(dir, "pg"), Log: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...)) }})
+func startDevPostgres(ctx context.Context, cfg *config.Config, dir string, log *slog.Logger) (*devdb.DB, error) {
+	pg, err := devdb.Start(ctx, dir, func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...)) })
 	if err != nil {
-		if os.Geteuid() == 0 {
-			err = fmt.Errorf("%w\n(as root, PostgreSQL runs as the postgres user: every parent directory of --dev-dir %s must be searchable by it)", err, dir)
-		}
-		return nil, err
+		return nil, fmt.Errorf("--dev-dir %s: %w", dir, err)
 	}
 	if cfg.Database.URL == "" {
 		cfg.Database.URL = pg.DSN("")

@@ -260,14 +260,17 @@ func checkWrites(ctx context.Context, pool *pgxpool.Pool, key, oldTerm, newTerm 
 		FROM `+WritesTable+` WHERE lock_key = $1) s WHERE term < prev`, key).Scan(&outOfOrder); err != nil {
 		return err
 	}
+	termStart, err := pgleader.TermCommitTime(ctx, pool, key, newTerm)
+	if err != nil {
+		return fmt.Errorf("leaderlab: the commit time of term %d: %w", newTerm, err)
+	}
 	var newWrites, late int
-	err := pool.QueryRow(ctx, `WITH start AS (
-			SELECT least(
-				(SELECT pg_xact_commit_timestamp(xmin) FROM `+pgleader.TermTable+` WHERE lock_key = $1 AND term = $3),
+	err = pool.QueryRow(ctx, `WITH start AS (
+			SELECT least($4::timestamptz,
 				(SELECT min(pg_xact_commit_timestamp(xmin)) FROM `+WritesTable+` WHERE lock_key = $1 AND term = $3)) AS at)
 		SELECT (SELECT count(*) FROM `+WritesTable+` WHERE lock_key = $1 AND term = $3),
 			(SELECT count(*) FROM `+WritesTable+` w, start WHERE w.lock_key = $1 AND w.term = $2 AND pg_xact_commit_timestamp(w.xmin) >= start.at)`,
-		key, oldTerm, newTerm).Scan(&newWrites, &late)
+		key, oldTerm, newTerm, termStart).Scan(&newWrites, &late)
 	if err != nil {
 		return err
 	}

@@ -108,8 +108,7 @@ func runReplica(specJSON string) int {
 	var mu sync.Mutex
 	var stopWriter context.CancelFunc = func() {}
 	defer func() { mu.Lock(); stopWriter(); mu.Unlock() }()
-	var e *pgleader.Elector
-	e, err = pgleader.New(pgleader.Config{
+	e, err := pgleader.New(pgleader.Config{
 		Pool:                 pool,
 		SessionConfig:        scfg,
 		LeaderSessionTimeout: time.Duration(spec.TMillis) * time.Millisecond,
@@ -118,9 +117,10 @@ func runReplica(specJSON string) int {
 		ID:                   spec.ID,
 		Version:              "leaderlab",
 		Logger:               logger,
-		OnElected: func(_ context.Context, term int64) {
+		OnElected: func(l *pgleader.Leadership) {
+			term := l.Term()
 			at := time.Now().UnixNano()
-			out.emit(Event{Ev: "elected", Term: term, PID: lockPID(ctx, pool, spec.ID), At: at})
+			out.emit(Event{Ev: "elected", Term: term, PID: lockPID(ctx, pool, spec.LockKey), At: at})
 			// The writer deliberately ignores the leader context and keeps
 			// the term it was elected with: it plays a job that did not
 			// notice the end of its leadership (a frozen process that
@@ -159,12 +159,13 @@ func runReplica(specJSON string) int {
 	return 0
 }
 
-func lockPID(ctx context.Context, pool *pgxpool.Pool, id string) int32 {
+// lockPID is the backend pid of the lock session that started the current
+// term of key (0 when it cannot be read).
+func lockPID(ctx context.Context, pool *pgxpool.Pool, key int64) int32 {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var pid int32
-	_ = pool.QueryRow(qctx, "SELECT coalesce(lock_pid, 0) FROM "+pgleader.RegistryTable+" WHERE id = $1", id).Scan(&pid)
-	return pid
+	r, _, _ := pgleader.CurrentTerm(qctx, pool, key)
+	return r.LockPID
 }
 
 func writer(ctx context.Context, pool *pgxpool.Pool, spec ReplicaSpec, term int64, out *emitter) {

@@ -1,5 +1,7 @@
 // Package pgtest starts a throwaway PostgreSQL cluster from the local
-// installation (initdb and pg_ctl) for tests and for `myriarchd --dev`.
+// installation (initdb and pg_ctl) for tests and labs. (The private
+// database of `myriarchd --dev` is internal/devdb, which this package
+// shares the binaries and the run-as-postgres rule with.)
 //
 // As root, initdb and pg_ctl run as the postgres system user (initdb
 // refuses root) in a directory that user owns. The server listens on
@@ -14,18 +16,18 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
+
+	"github.com/myriarch/myriarch/internal/devdb"
 )
 
 // ErrNotInstalled reports that no PostgreSQL server binaries were found.
-var ErrNotInstalled = errors.New("pgtest: PostgreSQL server binaries (initdb, pg_ctl) not found; install the postgresql package or set PG_BIN")
+var ErrNotInstalled = devdb.ErrNotInstalled
 
 // Options tune a cluster. The zero value is a loopback cluster.
 type Options struct {
@@ -56,28 +58,8 @@ type Cluster struct {
 	running bool
 }
 
-// BinDir finds the PostgreSQL server binaries: $PG_BIN, the newest
-// /usr/lib/postgresql/*/bin, or pg_ctl on PATH.
-func BinDir() (string, error) {
-	if d := os.Getenv("PG_BIN"); d != "" {
-		return d, nil
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool {
-		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
-		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
-		return vi > vj
-	})
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
-		}
-	}
-	if p, err := exec.LookPath("pg_ctl"); err == nil {
-		return filepath.Dir(p), nil
-	}
-	return "", ErrNotInstalled
-}
+// BinDir finds the PostgreSQL server binaries (see devdb.BinDir).
+func BinDir() (string, error) { return devdb.BinDir() }
 
 // Start initializes and starts a cluster.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
@@ -102,7 +84,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return nil, err
 	}
-	if err := c.chownToPostgres(c.dir); err != nil {
+	if err := devdb.ChownToServerUser(c.dir); err != nil {
 		c.cleanup()
 		return nil, err
 	}
@@ -130,15 +112,28 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
+// TB is the part of testing.TB that New uses. The package does not import
+// testing, so that `myriarchd failover-lab` (internal/leaderlab), which
+// starts clusters with Start, does not link the test framework into the
+// production binary.
+type TB interface {
+	Helper()
+	Logf(format string, args ...any)
+	Skip(args ...any)
+	Fatal(args ...any)
+	Errorf(format string, args ...any)
+	Cleanup(func())
+}
+
 // New starts a cluster for a test and stops it at the end. When PostgreSQL
 // is not installed the test is skipped, except under CI=true where it fails.
-func New(t testing.TB) *Cluster {
+func New(t TB) *Cluster {
 	t.Helper()
 	return NewWith(t, Options{})
 }
 
 // NewWith is New with options.
-func NewWith(t testing.TB, opts Options) *Cluster {
+func NewWith(t TB, opts Options) *Cluster {
 	t.Helper()
 	if opts.Log == nil {
 		opts.Log = t.Logf
@@ -263,29 +258,7 @@ func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }
 
 // run runs a PostgreSQL binary, as the postgres user when we are root.
 func (c *Cluster) run(ctx context.Context, wrap []string, name string, args ...string) ([]byte, error) {
-	argv := append([]string{name}, args...)
-	if os.Geteuid() == 0 {
-		argv = append([]string{"runuser", "-u", "postgres", "--"}, argv...)
-	}
-	argv = append(append([]string{}, wrap...), argv...)
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Dir = c.dir
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	return cmd.CombinedOutput()
-}
-
-func (c *Cluster) chownToPostgres(dir string) error {
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return fmt.Errorf("pgtest: running as root needs the postgres system user: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	// The parent temp dir must be traversable by postgres.
-	return os.Chown(dir, uid, gid)
+	return devdb.Command(ctx, c.dir, wrap, name, args...).CombinedOutput()
 }
 
 // FreePort returns a TCP port that is free on host right now.

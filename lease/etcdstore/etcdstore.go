@@ -12,6 +12,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/internal/rowstore"
@@ -98,3 +100,24 @@ func (b *backend) CAS(ctx context.Context, id string, rev int64, r rowstore.Row)
 }
 
 func (b *backend) Close() error { return nil }
+
+// Watch implements rowstore.Watcher: one etcd watch on the prefix reports
+// every write of a row whose owner is empty (a release).
+func (b *backend) Watch(ctx context.Context, released func(id string)) {
+	for ctx.Err() == nil {
+		for resp := range b.c.Watch(clientv3.WithRequireLeader(ctx), b.prefix, clientv3.WithPrefix()) {
+			for _, ev := range resp.Events {
+				var r row
+				if ev.Type == clientv3.EventTypePut && json.Unmarshal(ev.Kv.Value, &r) == nil && r.Owner == "" {
+					released(strings.TrimPrefix(string(ev.Kv.Key), b.prefix))
+				}
+			}
+		}
+		// The watch ended (ctx, or a lost leader): start again after a
+		// pause; releases meanwhile are found by the standby's poll.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/internal/etcdtest"
+	"github.com/myriarch/myriarch/lease/internal/rowstore/waketest"
 	"github.com/myriarch/myriarch/lease/leasetest"
 )
 
@@ -20,5 +21,15 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
+	})
+}
+
+// A release wakes a standby at once through an etcd watch.
+func TestReleaseWakesStandby(t *testing.T) {
+	srv := etcdtest.Start(t)
+	waketest.ReleaseWakesStandby(t, func(t *testing.T) lease.Store {
+		s := Open(srv.Client(t), Options{})
+		t.Cleanup(func() { s.Close() })
+		return s
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -151,14 +152,66 @@ func (b *backend) Insert(ctx context.Context, id string, r rowstore.Row) (bool, 
 	return tag.RowsAffected() == 1, nil
 }
 
+const casSQL = `UPDATE myriarch_leases SET owner = $1, version = $2, renewed_at_ns = $3, expiry_ns = $4,
+		endpoint = $5, obs_seq = $6, obs_elapsed_ns = $7 WHERE id = $8 AND obs_seq = $9`
+
+// ReleaseChannel is the NOTIFY channel of releases; the payload is the
+// lease id. A release notifies in the same statement (so at its commit),
+// which keeps it one call.
+const ReleaseChannel = "myriarch_lease_released"
+
 func (b *backend) CAS(ctx context.Context, id string, rev int64, r rowstore.Row) (bool, error) {
-	tag, err := b.pool.Exec(ctx, `UPDATE myriarch_leases SET owner = $1, version = $2, renewed_at_ns = $3, expiry_ns = $4,
-		endpoint = $5, obs_seq = $6, obs_elapsed_ns = $7 WHERE id = $8 AND obs_seq = $9`,
-		r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS, id, rev)
+	args := []any{r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS, id, rev}
+	if r.Owner == "" {
+		var n int64
+		err := b.pool.QueryRow(ctx, `WITH u AS (`+casSQL+` RETURNING id)
+			SELECT count(*) FROM (SELECT pg_notify('`+ReleaseChannel+`', id) FROM u) n`, args...).Scan(&n)
+		if err != nil {
+			return false, fmt.Errorf("pgstore: release %q: %w", id, err)
+		}
+		return n == 1, nil
+	}
+	tag, err := b.pool.Exec(ctx, casSQL, args...)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: update %q: %w", id, err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// Watch implements rowstore.Watcher: one LISTEN session per process (its
+// own connection, outside the pool) for all the standbys.
+func (b *backend) Watch(ctx context.Context, released func(id string)) {
+	for ctx.Err() == nil {
+		b.listen(ctx, released)
+		// Reconnect after a pause; releases meanwhile are found by the
+		// standby's poll.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (b *backend) listen(ctx context.Context, released func(id string)) {
+	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+ReleaseChannel); err != nil {
+		return
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return
+		}
+		released(n.Payload)
+	}
 }
 
 func (b *backend) Close() error {

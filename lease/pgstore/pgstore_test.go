@@ -9,6 +9,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/internal/rowstore/waketest"
 	"github.com/myriarch/myriarch/lease/leasetest"
 )
 
@@ -47,4 +48,17 @@ func TestRefusesAsynchronousCommit(t *testing.T) {
 	if _, err := Open(ctx, pool, Options{}); err == nil || !strings.Contains(err.Error(), "synchronous_commit") {
 		t.Fatalf("Open on a pool with synchronous_commit off: %v", err)
 	}
+}
+
+// A release wakes a standby at once through LISTEN/NOTIFY.
+func TestReleaseWakesStandby(t *testing.T) {
+	pg := pgtest.New(t)
+	waketest.ReleaseWakesStandby(t, func(t *testing.T) lease.Store {
+		s, err := OpenDSN(context.Background(), pg.DSN(""), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
 }

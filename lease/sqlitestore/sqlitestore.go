@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"time"
 
@@ -179,3 +180,70 @@ func (b *backend) CAS(ctx context.Context, id string, rev int64, r rowstore.Row)
 }
 
 func (b *backend) Close() error { return b.db.Close() }
+
+// wakeInterval is how often a standby process checks the file for a
+// release: PRAGMA data_version on one connection, a read of the local
+// file's shared memory; the rows are read only after a commit of another
+// connection.
+const wakeInterval = 20 * time.Millisecond
+
+// Watch implements rowstore.Watcher for processes on one host: it reports
+// the leases whose row became released since the last check.
+func (b *backend) Watch(ctx context.Context, released func(id string)) {
+	seen := map[string]int64{} // released rows already reported: id → version
+	first := true
+	var last int64 = -1
+	t := time.NewTicker(wakeInterval)
+	defer t.Stop()
+	for {
+		if conn, err := b.db.Conn(ctx); err == nil {
+			b.watchConn(ctx, conn, t.C, seen, &first, &last, released)
+			_ = conn.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// watchConn checks on one connection (data_version is per connection)
+// until ctx ends or a query fails.
+func (b *backend) watchConn(ctx context.Context, conn *sql.Conn, tick <-chan time.Time, seen map[string]int64, first *bool, last *int64, released func(id string)) {
+	for {
+		var v int64
+		if err := conn.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v); err != nil {
+			return
+		}
+		if v != *last {
+			*last = v
+			rows, err := conn.QueryContext(ctx, "SELECT id, version FROM myriarch_leases WHERE owner = ''")
+			if err != nil {
+				return
+			}
+			now := map[string]int64{}
+			for rows.Next() {
+				var id string
+				var ver int64
+				if rows.Scan(&id, &ver) == nil {
+					now[id] = ver
+				}
+			}
+			rows.Close()
+			for id, ver := range now {
+				if seen[id] != ver && !*first {
+					released(id)
+				}
+			}
+			clear(seen)
+			maps.Copy(seen, now)
+			*first = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+		}
+	}
+}

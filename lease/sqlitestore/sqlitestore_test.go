@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/internal/rowstore/waketest"
 	"github.com/myriarch/myriarch/lease/leasetest"
 )
 
@@ -35,3 +36,16 @@ func harness(t *testing.T) leasetest.Harness {
 }
 
 func TestConformance(t *testing.T) { leasetest.Run(t, harness(t)) }
+
+// A release wakes a standby process on the same host at once.
+func TestReleaseWakesStandby(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	waketest.ReleaseWakesStandby(t, func(t *testing.T) lease.Store {
+		s, err := Open(context.Background(), path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

@@ -186,7 +186,7 @@ func (a *API) Overview(ctx context.Context) (Overview, error) {
 }
 
 func (a *API) leader(ctx context.Context, reps []pgleader.Replica) (*LeaderInfo, error) {
-	l, ok, err := a.o.Store.CurrentLeader(ctx, pgleader.TermTable, a.o.Cluster.LockKey())
+	l, ok, err := a.o.Store.CurrentLeader(ctx, a.o.Cluster.LockKey())
 	if err != nil || !ok {
 		return nil, err
 	}

@@ -125,13 +125,12 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg})
 
-	var runner *jobs.Runner
 	d.Elector, err = pgleader.New(pgleader.Config{
 		Pool: d.Store.Pool, LeaderSessionTimeout: cfg.HA.LeaderSessionTimeout, HeartbeatInterval: cfg.HA.HeartbeatInterval,
 		LockKey: cfg.HA.LeaderLockKey, ID: cfg.HA.ReplicaID, Version: o.Version, Logger: d.log, Registerer: d.Reg,
-		OnElected: func(lctx context.Context, term int64) {
-			d.log.Info("this replica leads; starting the leader jobs", "term", term)
-			d.jobsWG.Go(func() { runner.Lead(lctx, term) })
+		OnElected: func(l *pgleader.Leadership) {
+			d.log.Info("this replica leads; starting the leader jobs", "term", l.Term())
+			d.jobsWG.Go(func() { d.Runner.Lead(l.Context(), l.Term(), l.InTerm) })
 		},
 		OnDemoted: func(term int64, reason string) {
 			d.log.Info("this replica no longer leads", "term", term, "reason", reason)
@@ -140,11 +139,11 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	runner = jobs.NewRunner([]jobs.Job{
+	// Elected only once Run starts, below: d.Runner is set by then.
+	d.Runner = jobs.NewRunner([]jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
-		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
-	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
-	d.Runner = runner
+		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, d.Elector.LockKey()),
+	}, cfg.HA.ReplicaID, d.log, d.Reg)
 
 	var tlsCfg *tls.Config
 	if cfg.Server.TLSCertFile != "" {
@@ -158,7 +157,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		return nil, err
 	}
 
-	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
+	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
 	if o.Mount != nil {
@@ -261,7 +260,7 @@ func (d *Daemon) shutdown() error {
 	d.electorCancel()
 	select {
 	case <-d.electorDone:
-	case <-time.After(pgleader.ReleaseTimeout + time.Second):
+	case <-time.After(failover.LeaderReleaseBound):
 		errs = append(errs, errors.New("leader release took longer than its bound"))
 	}
 	d.jobsWG.Wait()

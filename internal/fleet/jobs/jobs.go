@@ -8,7 +8,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -16,10 +15,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/myriarch/myriarch/pgleader"
 )
 
 // Fence runs fn in a transaction that commits only while term is current
-// (pgleader.Elector.InTerm).
+// (pgleader.Leadership.InTerm of the term).
 type Fence func(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
 
 // Job is one singleton job.
@@ -46,7 +47,6 @@ type Status struct {
 // Runner runs jobs under a leader context.
 type Runner struct {
 	jobs    []Job
-	fence   Fence
 	replica string
 	log     *slog.Logger
 
@@ -61,11 +61,11 @@ type Runner struct {
 }
 
 // NewRunner returns a runner; reg may be nil.
-func NewRunner(jobs []Job, fence Fence, replica string, log *slog.Logger, reg prometheus.Registerer) *Runner {
+func NewRunner(jobs []Job, replica string, log *slog.Logger, reg prometheus.Registerer) *Runner {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Runner{jobs: jobs, fence: fence, replica: replica, log: log.With("component", "jobs"), status: map[string]*Status{},
+	r := &Runner{jobs: jobs, replica: replica, log: log.With("component", "jobs"), status: map[string]*Status{},
 		mLast:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_run_timestamp_seconds", Help: "Start of the last run of a leader job."}, []string{"job"}),
 		mDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_duration_seconds", Help: "Duration of the last run of a leader job."}, []string{"job"}),
 		mErr:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_run_failed", Help: "1 when the last run of a leader job failed."}, []string{"job"}),
@@ -93,13 +93,14 @@ func (r *Runner) Statuses() []Status {
 }
 
 // Lead runs every job now and then every interval until leaderCtx ends,
-// and returns when all of them have stopped.
-func (r *Runner) Lead(leaderCtx context.Context, term int64) {
+// and returns when all of them have stopped. fence is the term's (its
+// writes commit only while term is current).
+func (r *Runner) Lead(leaderCtx context.Context, term int64, fence Fence) {
 	var wg sync.WaitGroup
 	for _, j := range r.jobs {
 		wg.Go(func() {
 			for {
-				r.runOnce(leaderCtx, j, term)
+				r.runOnce(leaderCtx, j, term, fence)
 				select {
 				case <-leaderCtx.Done():
 					return
@@ -111,7 +112,7 @@ func (r *Runner) Lead(leaderCtx context.Context, term int64) {
 	wg.Wait()
 }
 
-func (r *Runner) runOnce(ctx context.Context, j Job, term int64) {
+func (r *Runner) runOnce(ctx context.Context, j Job, term int64, fence Fence) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -122,7 +123,7 @@ func (r *Runner) runOnce(ctx context.Context, j Job, term int64) {
 				err = fmt.Errorf("panic: %v", p)
 			}
 		}()
-		return j.Run(ctx, r.fence)
+		return j.Run(ctx, fence)
 	}()
 	d := time.Since(start)
 	if ctx.Err() != nil && err != nil {
@@ -152,7 +153,7 @@ func (r *Runner) runOnce(ctx context.Context, j Job, term int64) {
 	}
 	r.mErr.WithLabelValues(j.Name).Set(failed)
 	// The record of the run is itself a fenced write.
-	rerr := r.fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	rerr := fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO job_runs (name, replica_id, term, started_at, duration_ms, error, runs) VALUES ($1, $2, $3, $4, $5, $6, 1)
 			ON CONFLICT (name) DO UPDATE SET replica_id = $2, term = $3, started_at = $4, duration_ms = $5, error = $6, runs = job_runs.runs + 1`,
 			j.Name, r.replica, term, start, d.Milliseconds(), msg)
@@ -182,17 +183,18 @@ func OfflineSweeper(interval, after time.Duration, onSwept func(n int)) Job {
 	}}
 }
 
-// Housekeeping prunes agent events older than eventRetention and replica
-// registry rows without heartbeat for longer than replicaRetention.
-func Housekeeping(interval, eventRetention, replicaRetention time.Duration, registryTable string) Job {
+// Housekeeping prunes agent events older than eventRetention and the
+// replica registry rows of lockKey (pgleader's registry) without heartbeat
+// for longer than replicaRetention.
+func Housekeeping(interval, eventRetention, replicaRetention time.Duration, lockKey int64) Job {
 	return Job{Name: "housekeeping", Interval: interval, Run: func(ctx context.Context, fence Fence) error {
 		return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			_, err1 := tx.Exec(ctx, `DELETE FROM agent_events WHERE at < now() - make_interval(secs => $1)`, eventRetention.Seconds())
 			if err1 != nil {
 				return err1
 			}
-			_, err2 := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{registryTable}.Sanitize()+` WHERE last_heartbeat < now() - make_interval(secs => $1)`, replicaRetention.Seconds())
-			return errors.Join(err1, err2)
+			_, err := pgleader.PruneReplicas(ctx, tx, lockKey, replicaRetention)
+			return err
 		})
 	}}
 }

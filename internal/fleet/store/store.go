@@ -23,11 +23,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/myriarch/myriarch/pgleader"
 )
 
 //go:embed migrations/*.sql
@@ -623,14 +624,9 @@ type Leader struct {
 	ElectedAt time.Time `json:"elected_at"`
 }
 
-// CurrentLeader reads the term row of lockKey from table (pgleader's term
-// table). ok is false while no leader was ever elected.
-func (s *Store) CurrentLeader(ctx context.Context, table string, lockKey int64) (l Leader, ok bool, err error) {
-	err = s.Pool.QueryRow(ctx, "SELECT term, leader_id, elected_at FROM "+pgx.Identifier{table}.Sanitize()+" WHERE lock_key = $1", lockKey).
-		Scan(&l.Term, &l.LeaderID, &l.ElectedAt)
-	var pgErr *pgconn.PgError
-	if errors.Is(err, pgx.ErrNoRows) || (errors.As(err, &pgErr) && pgErr.Code == "42P01") {
-		return l, false, nil
-	}
-	return l, err == nil, err
+// CurrentLeader reads the current term of lockKey (pgleader owns the
+// table and its SQL). ok is false while no leader was ever elected.
+func (s *Store) CurrentLeader(ctx context.Context, lockKey int64) (l Leader, ok bool, err error) {
+	r, ok, err := pgleader.CurrentTerm(ctx, s.Pool, lockKey)
+	return Leader{Term: r.Term, LeaderID: r.LeaderID, ElectedAt: r.ElectedAt}, ok, err
 }

@@ -54,6 +54,7 @@ type Backend interface {
 type Store struct {
 	b     Backend
 	clock lease.Clock
+	hub   *Hub // nil when b is not a Watcher
 
 	mu   sync.Mutex
 	obs  map[obsKey]observation
@@ -80,14 +81,23 @@ func New(b Backend, clock lease.Clock) *Store {
 	if clock == nil {
 		clock = lease.SystemClock{}
 	}
-	return &Store{b: b, clock: clock, obs: map[obsKey]observation{}, held: map[lease.Token]heldLease{}}
+	s := &Store{b: b, clock: clock, obs: map[obsKey]observation{}, held: map[lease.Token]heldLease{}}
+	if w, ok := b.(Watcher); ok {
+		s.hub = NewHub(w)
+	}
+	return s
 }
 
 // Backend returns the backend.
 func (s *Store) Backend() Backend { return s.b }
 
-// Close closes the backend.
-func (s *Store) Close() error { return s.b.Close() }
+// Close stops the release watch and closes the backend.
+func (s *Store) Close() error {
+	if s.hub != nil {
+		s.hub.Close()
+	}
+	return s.b.Close()
+}
 
 // Check returns a *lease.CorruptError when row breaks an invariant.
 func Check(id string, row Row) error {
