@@ -89,6 +89,9 @@ type Jobs struct {
 	HousekeepingInterval time.Duration
 	// ReplicaRetention is how long a replica row without heartbeat is kept.
 	ReplicaRetention time.Duration
+	// RolloutInterval is how often the rollout engine takes each active
+	// rollout one step.
+	RolloutInterval time.Duration
 }
 
 // Log is the logging.
@@ -227,6 +230,9 @@ var Settings = []Setting{
 	durSetting("jobs.replicaRetention", "24h", time.Minute, 8760*time.Hour,
 		"Housekeeping deletes replica registry rows without heartbeat for longer than this.",
 		func(c *Config) *time.Duration { return &c.Jobs.ReplicaRetention }),
+	durSetting("jobs.rolloutInterval", "2s", 100*time.Millisecond, time.Minute,
+		"Interval of the rollout planner and engine (leader only): how often each active rollout takes a step (reads reports, sends the next agents, opens the next wave).",
+		func(c *Config) *time.Duration { return &c.Jobs.RolloutInterval }),
 	strSetting("log.level", "info", "must be one of debug, info, warn, error", "Log level.",
 		func(s string) bool { return slices.Contains([]string{"debug", "info", "warn", "error"}, s) }, func(c *Config) *string { return &c.Log.Level }),
 	strSetting("log.format", "text", "must be text or json", "Log format.",

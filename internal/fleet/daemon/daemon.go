@@ -34,6 +34,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/pgleader"
 )
@@ -141,8 +142,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	runner = jobs.NewRunner([]jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
+		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Runner = runner
+	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
 
 	var tlsCfg *tls.Config
 	if cfg.Server.TLSCertFile != "" {

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,9 @@ type AgentOptions struct {
 	Heartbeat time.Duration
 	// FailConfig makes the agent report every remote config as failed.
 	FailConfig bool
+	// FailWhen, when not empty, makes the agent report as failed every
+	// remote config whose body contains it (a revision broken on purpose).
+	FailWhen string
 	// UID; zero picks a random one.
 	UID types.InstanceUid
 	// TLS for wss:// and https:// URLs.
@@ -110,7 +114,7 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 				a.mu.Unlock()
 				st := protobufs.RemoteConfigStatuses_RemoteConfigStatuses_APPLIED
 				errMsg := ""
-				if o.FailConfig {
+				if o.FailConfig || (o.FailWhen != "" && strings.Contains(body, o.FailWhen)) {
 					st, errMsg = protobufs.RemoteConfigStatuses_RemoteConfigStatuses_FAILED, "refused by test agent"
 				}
 				_ = a.Client.SetRemoteConfigStatus(&protobufs.RemoteConfigStatus{LastRemoteConfigHash: msg.RemoteConfig.ConfigHash, Status: st, ErrorMessage: errMsg})
