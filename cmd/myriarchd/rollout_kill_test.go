@@ -108,7 +108,7 @@ func TestRolloutLeaderKilledMidWave(t *testing.T) {
 	}
 	rs := rollout.Service{Store: f.Store}
 	ro, err := rs.Create(ctx, rollout.Request{Config: "fleet", Spec: rollout.Spec{Waves: []string{"1", "10%", "50%", "100%"},
-		MaxInProgress: 50, BakeS: 1}}, "test")
+		MaxInProgress: 50, BakeS: rollout.Secs(1)}}, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

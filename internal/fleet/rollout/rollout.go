@@ -517,7 +517,7 @@ func (s *stepper) gate(ctx context.Context) (bool, error) {
 	var open, baking int
 	if err := s.tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'in_progress')),
 			count(*) FILTER (WHERE state = 'applied' AND (healthy_since IS NULL OR healthy_since > now() - make_interval(secs => $3)))
-		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave, r.Spec.BakeS).Scan(&open, &baking); err != nil {
+		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave, r.Spec.Bake().Seconds()).Scan(&open, &baking); err != nil {
 		return false, err
 	}
 	if open > 0 {

@@ -56,7 +56,7 @@ func TestSpecValidate(t *testing.T) {
 		{rollout.Spec{Waves: []string{"0", "100%"}}, `waves[0] "0": must be a number of agents`},
 		{rollout.Spec{FailurePolicy: "retry"}, `failure_policy "retry": must be pause or rollback`},
 		{rollout.Spec{MaxInProgress: -1}, "max_in_progress -1: must be within [1, 100000]"},
-		{rollout.Spec{BakeS: -1}, "bake_s -1: must be within [0, 86400] seconds"},
+		{rollout.Spec{BakeS: rollout.Secs(-1)}, "bake_s -1: must be within [0, 86400] seconds"},
 		{rollout.Spec{MaxFailedPercent: 120}, "max_failed_percent 120"},
 	}
 	for _, b := range bad {
@@ -251,7 +251,7 @@ func TestRolloutLifecycle(t *testing.T) {
 
 	// Rollout 1: nothing → revision 1, four waves.
 	var ro rollout.Rollout
-	spec := rollout.Spec{Waves: []string{"1", "25%", "50%", "100%"}, MaxInProgress: 2, BakeS: 0.3}
+	spec := rollout.Spec{Waves: []string{"1", "25%", "50%", "100%"}, MaxInProgress: 2, BakeS: rollout.Secs(0.3)}
 	if c := e.call("POST", "/api/v1/rollouts", rollout.Request{Config: "edge", Spec: spec}, &ro); c != 202 {
 		t.Fatalf("create rollout: %d", c)
 	}
@@ -290,7 +290,7 @@ func TestRolloutLifecycle(t *testing.T) {
 	if !strings.Contains(df.Diff, "-level: 1\n+level: 2\n+broken: true\n") {
 		t.Errorf("diff: %q", df.Diff)
 	}
-	spec2 := rollout.Spec{Waves: []string{"100%"}, MaxInProgress: 20, BakeS: 0.2, FailurePolicy: rollout.PolicyRollback, MaxFailed: 1}
+	spec2 := rollout.Spec{Waves: []string{"100%"}, MaxInProgress: 20, BakeS: rollout.Secs(0.2), FailurePolicy: rollout.PolicyRollback, MaxFailed: 1}
 	if c := e.call("POST", "/api/v1/rollouts", rollout.Request{Config: "edge", Spec: spec2}, &ro); c != 202 || ro.FromRevision != 1 || ro.ToRevision != 2 {
 		t.Fatalf("rollout 2: %d %+v", c, ro)
 	}
@@ -313,7 +313,7 @@ func TestRolloutLifecycle(t *testing.T) {
 
 	// Rollout 3: the same broken revision with policy pause, then operator
 	// commands: resume (past the acknowledged failures), pause, abort.
-	spec3 := rollout.Spec{Waves: []string{"100%"}, MaxInProgress: 20, BakeS: 0.2, MaxFailed: 0}
+	spec3 := rollout.Spec{Waves: []string{"100%"}, MaxInProgress: 20, BakeS: rollout.Secs(0.2), MaxFailed: 0}
 	e.call("POST", "/api/v1/rollouts", rollout.Request{Config: "edge", ToRevision: 2, Spec: spec3}, &ro)
 	d = e.waitState(ro.ID, rollout.StatePaused)
 	if !strings.Contains(d.Reason, "paused (failure_policy pause)") {

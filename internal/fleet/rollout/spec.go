@@ -26,8 +26,8 @@ type Spec struct {
 	// have not reported it yet.
 	MaxInProgress int `json:"max_in_progress"`
 	// BakeS: each agent of a wave must report APPLIED and stay healthy this
-	// long before the next wave starts.
-	BakeS float64 `json:"bake_s"`
+	// long before the next wave starts (absent: DefaultBake; 0: no bake).
+	BakeS *float64 `json:"bake_s,omitempty"`
 	// ApplyTimeoutS: an agent that does not report APPLIED or FAILED this
 	// long after it was sent the revision counts as failed.
 	ApplyTimeoutS float64 `json:"apply_timeout_s"`
@@ -57,8 +57,8 @@ func (s Spec) WithDefaults() Spec {
 	if s.MaxInProgress == 0 {
 		s.MaxInProgress = DefaultMaxInProgress
 	}
-	if s.BakeS == 0 {
-		s.BakeS = DefaultBake.Seconds()
+	if s.BakeS == nil {
+		s.BakeS = Secs(DefaultBake.Seconds())
 	}
 	if s.ApplyTimeoutS == 0 {
 		s.ApplyTimeoutS = DefaultApplyTimeout.Seconds()
@@ -69,8 +69,16 @@ func (s Spec) WithDefaults() Spec {
 	return s
 }
 
-// Bake and ApplyTimeout as durations.
-func (s Spec) Bake() time.Duration { return time.Duration(s.BakeS * float64(time.Second)) }
+// Secs returns a pointer to a number of seconds (for Spec.BakeS).
+func Secs(s float64) *float64 { return &s }
+
+// Bake is BakeS as a duration.
+func (s Spec) Bake() time.Duration {
+	if s.BakeS == nil {
+		return DefaultBake
+	}
+	return time.Duration(*s.BakeS * float64(time.Second))
+}
 
 // ApplyTimeout is ApplyTimeoutS as a duration.
 func (s Spec) ApplyTimeout() time.Duration {
@@ -127,8 +135,8 @@ func (s Spec) Validate() error {
 	if s.MaxInProgress < 1 || s.MaxInProgress > 100000 {
 		errs = append(errs, fmt.Errorf("max_in_progress %d: must be within [1, 100000]", s.MaxInProgress))
 	}
-	if s.BakeS < 0 || s.BakeS > 86400 || math.IsNaN(s.BakeS) {
-		errs = append(errs, fmt.Errorf("bake_s %v: must be within [0, 86400] seconds", s.BakeS))
+	if b := s.Bake().Seconds(); b < 0 || b > 86400 || math.IsNaN(b) {
+		errs = append(errs, fmt.Errorf("bake_s %v: must be within [0, 86400] seconds", b))
 	}
 	if s.ApplyTimeoutS < 1 || s.ApplyTimeoutS > 86400 || math.IsNaN(s.ApplyTimeoutS) {
 		errs = append(errs, fmt.Errorf("apply_timeout_s %v: must be within [1, 86400] seconds", s.ApplyTimeoutS))
