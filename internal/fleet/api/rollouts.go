@@ -364,3 +364,6 @@ func (a *API) rolloutCommand(w http.ResponseWriter, r *http.Request) {
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// Store is the API's store (for the UI's pages of configurations).
+func (a *API) Store() *store.Store { return a.o.Store }

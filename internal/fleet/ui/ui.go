@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -28,9 +29,23 @@ var assets embed.FS
 const CookieName = "myriarch_session"
 
 var pages = func() map[string]*template.Template {
-	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b }}
+	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b },
+		"selector": configs.FormatSelector, "join": strings.Join,
+		"total": func(m map[string]int) int {
+			n := 0
+			for _, v := range m {
+				n += v
+			}
+			return n
+		},
+		"secs": func(f *float64) float64 {
+			if f == nil {
+				return 0
+			}
+			return *f
+		}}
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "overview", "agents", "agent", "cluster"} {
+	for _, p := range []string{"login", "overview", "agents", "agent", "cluster", "configs", "config", "rollouts", "rollout"} {
 		out[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html"))
 	}
 	return out
@@ -41,6 +56,8 @@ type page struct {
 	Nav     bool
 	Replica string
 	Data    any
+	// Refresh reloads the page every few seconds (a running rollout).
+	Refresh bool
 }
 
 type handler struct {
@@ -61,14 +78,19 @@ func Mount(mux *http.ServeMux, a *api.API) {
 	mux.HandleFunc("GET /ui/agents", h.auth(h.agents))
 	mux.HandleFunc("GET /ui/agents/{uid}", h.auth(h.agent))
 	mux.HandleFunc("GET /ui/cluster", h.auth(h.cluster))
+	h.mountRollouts(mux)
 }
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
+	h.renderRefresh(w, r, name, title, data, false)
+}
+
+func (h *handler) renderRefresh(w http.ResponseWriter, r *http.Request, name, title string, data any, refresh bool) {
 	ov, _ := h.a.Overview(r.Context())
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Frame-Options", "DENY")
-	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data}); err != nil {
+	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data, Refresh: refresh}); err != nil {
 		h.log.Warn("rendering a page failed", "page", name, "error", err)
 	}
 }
@@ -183,7 +205,15 @@ func (h *handler) agent(w http.ResponseWriter, r *http.Request) {
 	if n := d.Agent.Identifying["service.name"]; n != "" {
 		title = "Agent " + n + " (" + d.Agent.InstanceUID + ")"
 	}
-	h.render(w, r, "agent", title, d)
+	as, err := store.AgentAssignment(r.Context(), h.a.Store().Pool, d.Agent.InstanceUID)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	h.render(w, r, "agent", title, struct {
+		api.AgentDetail
+		Assignment store.Assignment
+	}{d, as})
 }
 
 func (h *handler) cluster(w http.ResponseWriter, r *http.Request) {
