@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/myriarch/myriarch/internal/fleet/configs"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
@@ -24,6 +25,7 @@ func (a *API) registerConfigs(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/configs/{name}/revisions/{rev}", a.auth(a.getRevision))
 	mux.Handle("GET /api/v1/configs/{name}/diff", a.auth(a.diff))
 	mux.Handle("GET /api/v1/agents/{uid}/assignment", a.auth(a.assignment))
+	mux.Handle("GET /api/v1/gitops", a.auth(a.gitopsStatus))
 	mux.Handle("GET /api/v1/rollouts", a.auth(a.listRollouts))
 	mux.Handle("POST /api/v1/rollouts", a.auth(a.createRollout))
 	mux.Handle("GET /api/v1/rollouts/{id}", a.auth(a.getRollout))
@@ -367,3 +369,21 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // Store is the API's store (for the UI's pages of configurations).
 func (a *API) Store() *store.Store { return a.o.Store }
+
+// GitOpsList is the answer of GET /api/v1/gitops: the status of every Git
+// source polled so far.
+type GitOpsList struct {
+	Sources []gitops.Status `json:"sources"`
+}
+
+func (a *API) gitopsStatus(w http.ResponseWriter, r *http.Request) {
+	sts, err := gitops.Statuses(r.Context(), a.o.Store.Pool)
+	if err != nil {
+		serviceErr(w, err, "")
+		return
+	}
+	if sts == nil {
+		sts = []gitops.Status{}
+	}
+	writeJSON(w, http.StatusOK, GitOpsList{Sources: sts})
+}

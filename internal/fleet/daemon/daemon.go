@@ -31,6 +31,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
@@ -47,6 +48,10 @@ const (
 	PhaseLeaderRelease = "leader_release"
 	PhaseClose         = "pool_listener_close"
 )
+
+// gitopsCheck is how often the GitOps job looks for a poll requested by a
+// webhook.
+const gitopsCheck = 2 * time.Second
 
 // Options configure a replica.
 type Options struct {
@@ -139,11 +144,22 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	runner = jobs.NewRunner([]jobs.Job{
+	leaderJobs := []jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
 		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
-	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
+	}
+	var poller *gitops.Poller
+	if g := cfg.GitOps; g.RepoURL != "" {
+		poller = gitops.New(gitops.Options{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, RepoURL: g.RepoURL, Ref: g.Ref, Path: g.Path,
+			PollInterval: g.PollInterval, Username: g.Username, Token: g.Token, TokenFile: g.TokenFile, SSHKeyFile: g.SSHKeyFile,
+			SSHKnownHostsFile: g.SSHKnownHostsFile, WebhookSecret: g.WebhookSecret, Log: d.log})
+		// The job checks often whether a webhook asked for a poll; it
+		// polls the repository every gitops.pollInterval.
+		leaderJobs = append(leaderJobs, poller.Job(min(gitopsCheck, g.PollInterval)))
+		d.Reg.MustRegister(gitops.Collector{Store: d.Store})
+	}
+	runner = jobs.NewRunner(leaderJobs, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Runner = runner
 	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
 
@@ -162,6 +178,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
+	if poller != nil {
+		// Verified by its HMAC signature, not by an API token.
+		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
+	}
 	if o.Mount != nil {
 		o.Mount(mux, d.API)
 	}

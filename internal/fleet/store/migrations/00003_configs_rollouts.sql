@@ -122,6 +122,9 @@ CREATE TABLE gitops_sources (
     last_poll_at  timestamptz,
     last_change_at timestamptz,
     last_error    text NOT NULL DEFAULT '',
+    -- poll_requested_at is set by the webhook (on any replica); the
+    -- leader polls at once when it is newer than last_poll_at.
+    poll_requested_at timestamptz,
     term          bigint NOT NULL DEFAULT 0
 );
 
