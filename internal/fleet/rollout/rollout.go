@@ -121,18 +121,21 @@ type Rollout struct {
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
 	LastProgressAt time.Time  `json:"last_progress_at"`
-	FinishedAt     *time.Time `json:"finished_at"`
+	// PlanStartedAt and PlannedAt bracket the planner's work.
+	PlanStartedAt *time.Time `json:"plan_started_at"`
+	PlannedAt     *time.Time `json:"planned_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
 	Term           int64      `json:"term"`
 }
 
 const rolloutCols = `id, config, from_revision, to_revision, spec, state, requested, wave, waves, failed_ack, reason, created_by,
-	created_at, updated_at, last_progress_at, finished_at, term`
+	created_at, updated_at, last_progress_at, plan_started_at, planned_at, finished_at, term`
 
 func scanRollout(row pgx.Row) (Rollout, error) {
 	var r Rollout
 	var spec []byte
 	err := row.Scan(&r.ID, &r.Config, &r.FromRevision, &r.ToRevision, &spec, &r.State, &r.Requested, &r.Wave, &r.Waves, &r.FailedAck,
-		&r.Reason, &r.CreatedBy, &r.CreatedAt, &r.UpdatedAt, &r.LastProgressAt, &r.FinishedAt, &r.Term)
+		&r.Reason, &r.CreatedBy, &r.CreatedAt, &r.UpdatedAt, &r.LastProgressAt, &r.PlanStartedAt, &r.PlannedAt, &r.FinishedAt, &r.Term)
 	if err != nil {
 		return r, err
 	}
@@ -301,6 +304,10 @@ func Selector(c store.ConfigDef, sp Spec) map[string]string {
 // plan selects and orders the agents and splits them into waves.
 func (s *stepper) plan(ctx context.Context) error {
 	r := s.r
+	var planStart time.Time
+	if err := s.tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&planStart); err != nil {
+		return err
+	}
 	c, err := store.GetConfig(ctx, s.tx, r.Config)
 	if err != nil {
 		return err
@@ -357,6 +364,9 @@ func (s *stepper) plan(ctx context.Context) error {
 		return err
 	}
 	r.Waves, r.Wave, r.State, r.Reason = len(sizes), 1, StateRunning, ""
+	if _, err := s.tx.Exec(ctx, `UPDATE rollouts SET plan_started_at = $2, planned_at = clock_timestamp() WHERE id = $1`, r.ID, planStart); err != nil {
+		return err
+	}
 	s.e.log().Info("rollout planned", "rollout", r.ID, "config", r.Config, "agents", len(uids), "waves", sizes)
 	if r.Requested == CmdPause {
 		r.Requested, r.State, r.Reason = "", StatePaused, "paused by an operator"

@@ -67,6 +67,9 @@ CREATE TABLE rollouts (
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     last_progress_at timestamptz NOT NULL DEFAULT now(),
+    -- plan_started_at and planned_at bracket the planner's work.
+    plan_started_at  timestamptz,
+    planned_at       timestamptz,
     finished_at      timestamptz,
     term             bigint NOT NULL DEFAULT 0
 );
