@@ -113,19 +113,19 @@ type Rollout struct {
 	// Requested is an operator command not carried out yet.
 	Requested string `json:"requested"`
 	// Wave is the current wave, 1-based (0 before planning); Waves the number.
-	Wave           int        `json:"wave"`
-	Waves          int        `json:"waves"`
-	FailedAck      int        `json:"failed_acknowledged"`
-	Reason         string     `json:"reason"`
-	CreatedBy      string     `json:"created_by"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      time.Time  `json:"updated_at"`
-	LastProgressAt time.Time  `json:"last_progress_at"`
+	Wave           int       `json:"wave"`
+	Waves          int       `json:"waves"`
+	FailedAck      int       `json:"failed_acknowledged"`
+	Reason         string    `json:"reason"`
+	CreatedBy      string    `json:"created_by"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	LastProgressAt time.Time `json:"last_progress_at"`
 	// PlanStartedAt and PlannedAt bracket the planner's work.
 	PlanStartedAt *time.Time `json:"plan_started_at"`
 	PlannedAt     *time.Time `json:"planned_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
-	Term           int64      `json:"term"`
+	Term          int64      `json:"term"`
 }
 
 const rolloutCols = `id, config, from_revision, to_revision, spec, state, requested, wave, waves, failed_ack, reason, created_by,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
@@ -42,7 +43,15 @@ func (h *handler) configs(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
-	h.render(w, r, "configs", "Configurations", cs)
+	srcs, err := gitops.Statuses(r.Context(), h.a.Store().Pool)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	h.render(w, r, "configs", "Configurations", struct {
+		Configs []store.ConfigDef
+		GitOps  []gitops.Status
+	}{cs, srcs})
 }
 
 type configData struct {

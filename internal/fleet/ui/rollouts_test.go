@@ -123,6 +123,7 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	// The configuration list, the configuration, a diff.
 	do(chromedp.Click(q("#nav-configs")), chromedp.WaitVisible(q("#configs tr.config")))
 	check("config list", text("#configs"), "role=gw")
+	check("git sources", text("#gitops"), "not configured")
 	do(chromedp.Click(q("#configs tr.config a")), chromedp.WaitVisible(q("#revisions")))
 	check("revisions", text("#revisions"), "3")
 	check("latest revision", text("#revision-content"), "listen: 9090")
