@@ -130,7 +130,7 @@ func (h *handler) rollouts(w http.ResponseWriter, r *http.Request) {
 			d.Refresh = true
 		}
 	}
-	h.renderRefresh(w, r, "rollouts", "Rollouts", d, d.Refresh)
+	h.renderRefresh(w, r, "rollouts", "Rollouts", d, d.Refresh && r.URL.Query().Get("refresh") != "0")
 }
 
 func (h *handler) createRollout(w http.ResponseWriter, r *http.Request) {
@@ -192,6 +192,8 @@ func rolloutForm(r *http.Request) (rollout.Request, error) {
 type rolloutData struct {
 	rollout.Detail
 	CanPause, CanResume, CanRollback, CanAbort bool
+	// Live: the page reloads itself (an active rollout, unless ?refresh=0).
+	Live bool
 }
 
 func (h *handler) rollout(w http.ResponseWriter, r *http.Request) {
@@ -212,7 +214,8 @@ func (h *handler) rollout(w http.ResponseWriter, r *http.Request) {
 	rd := rolloutData{Detail: d, CanPause: d.State == rollout.StateRunning || d.State == rollout.StatePending,
 		CanResume: d.State == rollout.StatePaused, CanRollback: (d.State == rollout.StateRunning || d.State == rollout.StatePaused) && d.FromRevision > 0,
 		CanAbort: d.Active()}
-	h.renderRefresh(w, r, "rollout", fmt.Sprintf("Rollout %d", id), rd, d.Active())
+	rd.Live = d.Active() && r.URL.Query().Get("refresh") != "0"
+	h.renderRefresh(w, r, "rollout", fmt.Sprintf("Rollout %d", id), rd, rd.Live)
 }
 
 func (h *handler) rolloutCommand(w http.ResponseWriter, r *http.Request) {

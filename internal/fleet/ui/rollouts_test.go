@@ -109,9 +109,12 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 		t.Helper()
 		var got string
 		if !fleettest.Eventually(time.Minute, func() bool {
-			do(chromedp.Navigate(url), chromedp.WaitVisible(q(sel)))
-			got = text(sel)
-			return strings.Contains(got, want)
+			if err := chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(q(sel))); err != nil {
+				return false
+			}
+			v, err := chromedp.Run(bctx, chromedp.Text(q(sel)))
+			got = v
+			return err == nil && strings.Contains(got, want)
 		}) {
 			t.Fatalf("%s %s: %q, want %q", url, sel, got, want)
 		}
@@ -140,7 +143,8 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	if loc, err = chromedp.Run(bctx, chromedp.Location()); err != nil {
 		t.Fatal(err)
 	}
-	waitText(loc, "#rollout-state", "succeeded")
+	waitText(loc+"?refresh=0", "#rollout-state", "succeeded")
+	// A finished rollout no longer reloads.
 	check("waves", text("#waves"), "100 %")
 	check("agents", text("#rollout-agents"), ags[0].UIDString()[:8])
 	check("wave", text("#rollout-wave"), "2 of 2")
@@ -152,12 +156,28 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	if loc, err = chromedp.Run(bctx, chromedp.Location()); err != nil {
 		t.Fatal(err)
 	}
-	waitText(loc, "#rollout-counts", "applied 1")
-	do(chromedp.Click(q("#action-pause")), chromedp.WaitVisible(q("#rollout-state")))
-	waitText(loc, "#rollout-state", "paused")
-	do(chromedp.Click(q("#action-resume")), chromedp.WaitVisible(q("#rollout-state")))
-	waitText(loc, "#rollout-state", "running")
-	do(chromedp.Click(q("#action-rollback")), chromedp.WaitVisible(q("#rollout-state")))
+	waitText(loc+"?refresh=0", "#rollout-counts", "applied 1")
+	do(chromedp.Navigate(loc), chromedp.WaitVisible(q("#rollout-state")))
+	// The live page reloads itself; the buttons are clicked on a still copy.
+	check("live", text("#live"), "reloads every 2 s")
+	still := loc + "?refresh=0"
+	// command clicks a button of the still page and waits until its form's
+	// POST redirected back to the (live) page.
+	command := func(button string) {
+		t.Helper()
+		do(chromedp.Navigate(still), chromedp.Click(q(button)))
+		if !fleettest.Eventually(30*time.Second, func() bool {
+			l, err := chromedp.Run(bctx, chromedp.Location())
+			return err == nil && l == loc
+		}) {
+			t.Fatalf("%s: the form was not submitted", button)
+		}
+	}
+	command("#action-pause")
+	waitText(still, "#rollout-state", "paused")
+	command("#action-resume")
+	waitText(still, "#rollout-state", "running")
+	command("#action-rollback")
 	waitText(loc, "#rollout-state", "rolled_back")
 	// The list shows both; the agent page shows its revision.
 	do(chromedp.Click(q("#nav-rollouts")), chromedp.WaitVisible(q("#rollouts tr.rollout")))
