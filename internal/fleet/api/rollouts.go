@@ -120,12 +120,12 @@ func (a *API) getConfig(w http.ResponseWriter, r *http.Request) {
 }
 
 // PutConfigRequest creates or updates a configuration. Selector uses the
-// agents API's syntax: "key=value,key2=value2".
+// agents API's syntax: "key=value,key2=value2". (Rollouts started on each
+// new revision are a GitOps feature: its index file sets them.)
 type PutConfigRequest struct {
-	Type        string          `json:"type"`
-	Selector    string          `json:"selector"`
-	Priority    int             `json:"priority"`
-	AutoRollout json.RawMessage `json:"auto_rollout,omitempty"`
+	Type     string `json:"type"`
+	Selector string `json:"selector"`
+	Priority int    `json:"priority"`
 }
 
 func (a *API) putConfig(w http.ResponseWriter, r *http.Request) {
@@ -138,27 +138,11 @@ func (a *API) putConfig(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if len(req.AutoRollout) > 0 && string(req.AutoRollout) != "null" {
-		var sp rollout.Spec
-		if err := json.Unmarshal(req.AutoRollout, &sp); err != nil {
-			writeErr(w, http.StatusBadRequest, "auto_rollout: must be a rollout spec: "+err.Error())
-			return
-		}
-		if err := sp.WithDefaults().Validate(); err != nil {
-			writeErr(w, http.StatusBadRequest, "auto_rollout: "+err.Error())
-			return
-		}
-	}
 	name := r.PathValue("name")
 	created, err := a.Configs().Put(r.Context(), store.ConfigDef{Name: name, Type: req.Type, Selector: sel, Priority: req.Priority,
-		Source: "api", AutoRollout: req.AutoRollout})
+		Source: "api"})
 	if err != nil {
-		var inv *configs.InvalidError
-		if errors.As(err, &inv) {
-			writeErr(w, http.StatusBadRequest, err.Error())
-			return
-		}
-		writeErr(w, http.StatusBadRequest, err.Error())
+		serviceErr(w, err, "configuration "+name)
 		return
 	}
 	d, err := a.ConfigDetail(r.Context(), name)

@@ -135,6 +135,9 @@ func (s Service) Put(ctx context.Context, c store.ConfigDef) (bool, error) {
 		created, err = store.PutConfig(ctx, tx, c)
 		return err
 	})
+	if errors.Is(err, store.ErrTypeChange) {
+		return false, &InvalidError{err}
+	}
 	return created, err
 }
 

@@ -33,6 +33,10 @@ type AgentOptions struct {
 	// FailWhen, when not empty, makes the agent report as failed every
 	// remote config whose body contains it (a revision broken on purpose).
 	FailWhen string
+	// UnhealthyWhen, when not empty, makes the agent apply a remote config
+	// whose body contains it and then report itself unhealthy (a revision
+	// that applies but breaks the agent); other configs make it healthy.
+	UnhealthyWhen string
 	// UID; zero picks a random one.
 	UID types.InstanceUid
 	// TLS for wss:// and https:// URLs.
@@ -112,6 +116,14 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 				a.configs = append(a.configs, body)
 				a.hash = msg.RemoteConfig.ConfigHash
 				a.mu.Unlock()
+				if o.UnhealthyWhen != "" {
+					h := &protobufs.ComponentHealth{Healthy: true, Status: "ok", StartTimeUnixNano: uint64(time.Now().UnixNano())}
+					if strings.Contains(body, o.UnhealthyWhen) {
+						h = &protobufs.ComponentHealth{Healthy: false, Status: "crashing", LastError: "pipeline broken by the new config",
+							StartTimeUnixNano: uint64(time.Now().UnixNano())}
+					}
+					_ = a.Client.SetHealth(h)
+				}
 				st := protobufs.RemoteConfigStatuses_RemoteConfigStatuses_APPLIED
 				errMsg := ""
 				if o.FailConfig || (o.FailWhen != "" && strings.Contains(body, o.FailWhen)) {

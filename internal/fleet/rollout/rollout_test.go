@@ -138,11 +138,15 @@ func (e *env) call(method, path string, body any, out any) int {
 }
 
 func (e *env) agents(n int, attrs map[string]string, failWhen string) []*fleettest.Agent {
+	return e.agentsWith(n, fleettest.AgentOptions{Attrs: attrs, FailWhen: failWhen})
+}
+
+func (e *env) agentsWith(n int, o fleettest.AgentOptions) []*fleettest.Agent {
 	e.t.Helper()
 	var out []*fleettest.Agent
+	o.URL, o.Secret = "ws://"+e.d.OpAMPAddr().String()+"/v1/opamp", secret
 	for range n {
-		ag, err := fleettest.StartAgent(e.ctx, fleettest.AgentOptions{URL: "ws://" + e.d.OpAMPAddr().String() + "/v1/opamp", Secret: secret,
-			Attrs: attrs, FailWhen: failWhen})
+		ag, err := fleettest.StartAgent(e.ctx, o)
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -224,6 +228,9 @@ func TestRolloutLifecycle(t *testing.T) {
 	if c := e.call("PUT", "/api/v1/configs/Bad_Name", map[string]any{"type": "yaml"}, nil); c != 400 {
 		t.Errorf("bad name: %d", c)
 	}
+	if c := e.call("PUT", "/api/v1/configs/edge", map[string]any{"type": "yaml", "selector": "role"}, nil); c != 400 {
+		t.Errorf("bad selector: %d", c)
+	}
 	var er map[string]string
 	if c := e.call("POST", "/api/v1/configs/edge/revisions", map[string]any{"content": "a: [1"}, &er); c != 400 || !strings.Contains(er["error"], "not well-formed YAML") {
 		t.Errorf("bad YAML: %d %v", c, er)
@@ -237,6 +244,10 @@ func TestRolloutLifecycle(t *testing.T) {
 	}
 	if c := e.call("POST", "/api/v1/configs/edge/revisions", map[string]any{"content": "level: 1\n"}, &rr); c != 200 || rr.Created || rr.Revision.Revision != 1 {
 		t.Errorf("unchanged content made a revision: %d %+v", c, rr)
+	}
+	if c := e.call("PUT", "/api/v1/configs/edge", map[string]any{"type": "myriarch-bridge", "selector": "role=edge"}, &er); c != 400 ||
+		!strings.Contains(er["error"], "the type of a configuration with revisions cannot change") {
+		t.Errorf("type change: %d %v", c, er)
 	}
 
 	// An offline agent is skipped at its turn.
@@ -348,5 +359,54 @@ func TestRolloutLifecycle(t *testing.T) {
 	}
 	if !names["myriarch_rollouts_active"] {
 		t.Errorf("myriarch_rollouts_active missing")
+	}
+}
+
+// The health gate: agents that report the revision APPLIED but turn
+// unhealthy (OpAMP ComponentHealth) fail, and beyond max_failed the
+// rollout rolls back; the later waves are never sent.
+func TestHealthGate(t *testing.T) {
+	e := startDaemon(t)
+	e.agentsWith(6, fleettest.AgentOptions{Attrs: map[string]string{"role": "col"}, UnhealthyWhen: "crash"})
+	cs := e.d.API.Configs()
+	if _, err := cs.Put(e.ctx, store.ConfigDef{Name: "col", Type: "yaml", Selector: map[string]string{"role": "col"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cs.AddRevision(e.ctx, "col", "pipeline: ok\n", "t", ""); err != nil {
+		t.Fatal(err)
+	}
+	rs := e.d.API.Rollouts()
+	ro, err := rs.Create(e.ctx, rollout.Request{Config: "col", Spec: rollout.Spec{Waves: []string{"100%"}, BakeS: rollout.Secs(0.2)}}, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(ro.ID, rollout.StateSucceeded)
+	if _, _, err := cs.AddRevision(e.ctx, "col", "pipeline: crash\n", "t", ""); err != nil {
+		t.Fatal(err)
+	}
+	ro, err = rs.Create(e.ctx, rollout.Request{Config: "col", Spec: rollout.Spec{Waves: []string{"2", "100%"}, BakeS: rollout.Secs(1),
+		FailurePolicy: rollout.PolicyRollback, MaxFailed: 1}}, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := e.waitState(ro.ID, rollout.StateRolledBack)
+	if d.Counts[rollout.AgentFailed] != 2 || d.Counts[rollout.AgentPending] != 4 || d.Wave != 1 {
+		t.Fatalf("rollout: wave %d %+v", d.Wave, d.Counts)
+	}
+	for _, a := range d.Agents {
+		if a.State == rollout.AgentFailed && !strings.Contains(a.Detail, "pipeline broken by the new config") {
+			t.Errorf("failed agent %s: %q", a.InstanceUID, a.Detail)
+		}
+	}
+	in, _ := rs.Intents(e.ctx, ro.ID)
+	kinds := map[string]int{}
+	for _, x := range in {
+		kinds[x.Kind]++
+		if x.Wave != 1 {
+			t.Errorf("intent of wave %d sent", x.Wave)
+		}
+	}
+	if kinds["apply"] != 2 || kinds["rollback"] != 2 {
+		t.Errorf("intents: %v", kinds)
 	}
 }

@@ -19,8 +19,8 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// ErrExists is returned when a name is taken.
-var ErrExists = errors.New("already exists")
+// ErrTypeChange refuses a new type for a configuration with revisions.
+var ErrTypeChange = errors.New("the type of a configuration with revisions cannot change")
 
 // ConfigDef is a named configuration (without its revisions' contents).
 type ConfigDef struct {
@@ -80,7 +80,7 @@ func PutConfig(ctx context.Context, q Querier, c ConfigDef) (created bool, err e
 		return false, err
 	}
 	if err == nil && revs > 0 && oldType != c.Type {
-		return false, fmt.Errorf("type %q: configuration %s has revisions of type %s; the type cannot change", c.Type, c.Name, oldType)
+		return false, fmt.Errorf("type %q: %w (%s has revisions of type %s)", c.Type, ErrTypeChange, c.Name, oldType)
 	}
 	err = q.QueryRow(ctx, `INSERT INTO configs (name, type, selector, priority, source, source_path, auto_rollout)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)
