@@ -19,6 +19,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -210,10 +211,16 @@ func (h *handler) agent(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
+	in, err := h.a.Rollouts().AgentIntents(r.Context(), d.Agent.InstanceUID, 20)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
 	h.render(w, r, "agent", title, struct {
 		api.AgentDetail
 		Assignment store.Assignment
-	}{d, as})
+		Intents    []rollout.Intent
+	}{d, as, in})
 }
 
 func (h *handler) cluster(w http.ResponseWriter, r *http.Request) {
