@@ -31,9 +31,11 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
@@ -47,6 +49,10 @@ const (
 	PhaseLeaderRelease = "leader_release"
 	PhaseClose         = "pool_listener_close"
 )
+
+// gitopsCheck is how often the GitOps job looks for a poll requested by a
+// webhook.
+const gitopsCheck = 2 * time.Second
 
 // Options configure a replica.
 type Options struct {
@@ -76,6 +82,10 @@ type Daemon struct {
 	batcher  *lastseen.Batcher
 	httpSrv  *http.Server
 	httpAddr net.Addr
+
+	// leadership is the latest term this replica was elected in (nil
+	// before the first); its InTerm refuses writes once that term is over.
+	leadership atomic.Pointer[pgleader.Leadership]
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -130,6 +140,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		LockKey: cfg.HA.LeaderLockKey, ID: cfg.HA.ReplicaID, Version: o.Version, Logger: d.log, Registerer: d.Reg,
 		OnElected: func(l *pgleader.Leadership) {
 			d.log.Info("this replica leads; starting the leader jobs", "term", l.Term())
+			d.leadership.Store(l)
 			d.jobsWG.Go(func() { d.Runner.Lead(l.Context(), l.Term(), l.InTerm) })
 		},
 		OnDemoted: func(term int64, reason string) {
@@ -139,11 +150,24 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Elected only once Run starts, below: d.Runner is set by then.
-	d.Runner = jobs.NewRunner([]jobs.Job{
+	leaderJobs := []jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, d.Elector.LockKey()),
-	}, cfg.HA.ReplicaID, d.log, d.Reg)
+		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
+	}
+	var poller *gitops.Poller
+	if g := cfg.GitOps; g.RepoURL != "" {
+		poller = gitops.New(gitops.Options{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, RepoURL: g.RepoURL, Ref: g.Ref, Path: g.Path,
+			PollInterval: g.PollInterval, Username: g.Username, Token: g.Token, TokenFile: g.TokenFile, SSHKeyFile: g.SSHKeyFile,
+			SSHKnownHostsFile: g.SSHKnownHostsFile, WebhookSecret: g.WebhookSecret, Log: d.log})
+		// The job checks often whether a webhook asked for a poll; it
+		// polls the repository every gitops.pollInterval.
+		leaderJobs = append(leaderJobs, poller.Job(min(gitopsCheck, g.PollInterval)))
+		d.Reg.MustRegister(gitops.Collector{Store: d.Store})
+	}
+	// Elected only once Run starts, below: d.Runner is set by then.
+	d.Runner = jobs.NewRunner(leaderJobs, cfg.HA.ReplicaID, d.log, d.Reg)
+	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
 
 	var tlsCfg *tls.Config
 	if cfg.Server.TLSCertFile != "" {
@@ -160,6 +184,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
+	if poller != nil {
+		// Verified by its HMAC signature, not by an API token.
+		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
+	}
 	if o.Mount != nil {
 		o.Mount(mux, d.API)
 	}
@@ -314,3 +342,8 @@ func (d *Daemon) Kill() {
 		d.abort()
 	})
 }
+
+// Leadership returns the latest term this replica was elected in, or nil if
+// it never led. Its writes (InTerm) commit only while that term is current,
+// so a caller holding an old one is refused, not misdirected.
+func (d *Daemon) Leadership() *pgleader.Leadership { return d.leadership.Load() }
