@@ -187,6 +187,9 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
+// Session is the session id (the lease row) this manager competes for.
+func (m *Manager) Session() string { return m.cfg.Session }
+
 // OwnerID is the owner id this manager acquires under.
 func (m *Manager) OwnerID() string { return m.owner }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
@@ -296,7 +297,7 @@ func (r *runner) run(ctx, hard context.Context) error {
 		stopping := make(chan struct{})
 		stopOnce := context.AfterFunc(ctx, func() { close(stopping) })
 		defer stopOnce()
-		r.serve(hard, stopping)
+		r.serve(hard, stopping, nil)
 		return nil
 	}
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
@@ -340,7 +341,7 @@ func (r *runner) own(o *lease.Ownership) {
 	r.mu.Unlock()
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(1)
 	r.log.Info("lease acquired; connecting", "version", o.Token().Version)
-	r.serve(o.Context(), o.Stopping())
+	r.serve(o.Context(), o.Stopping(), o)
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
 	r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
 	r.mu.Lock()
@@ -351,8 +352,15 @@ func (r *runner) own(o *lease.Ownership) {
 }
 
 // serve runs a fresh transport session with fresh routes until ctx ends
-// (stop now) or stopping closes (drain, then stop).
-func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
+// (stop now) or stopping closes (drain, then stop). own is the lease
+// tenure of an exclusive session (nil otherwise): every message is stamped
+// with its version and every point of action checks it.
+func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, own *lease.Ownership) {
+	var stamp fence.Stamp
+	var tenure fence.Tenure
+	if own != nil {
+		stamp, tenure = fence.New(uint64(own.Token().Version), r.manager.Session()), own
+	}
 	var routes []*routing.Route
 	for _, rt := range r.routes {
 		recv := r.b.cfg.Receiver(rt.Receiver)
@@ -368,7 +376,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 		}
 		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
 			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, DeadLetter: r.b.dl,
-			Metrics: r.b.met, Logger: r.log}))
+			Metrics: r.b.met, Logger: r.log, Fence: stamp, Tenure: tenure}))
 	}
 	var subs []mqtt.Subscription
 	seen := map[string]bool{}
@@ -392,13 +400,13 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 		r.log.Error("TLS configuration", "err", err)
 		return
 	}
-	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met}
+	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met, Tenure: tenure}
 	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
 		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: d.Handle,
-		OnLevel: r.onLevel, Logger: r.log,
+		OnLevel: r.onLevel, Logger: r.log, Tenure: tenure,
 		StateFile: filepath.Join(r.b.cfg.Bridge.StateDir, r.b.cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
 	if err != nil {
 		r.log.Error("transport", "err", err)
