@@ -447,7 +447,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		r.log.Error("TLS configuration", "err", err)
 		return
 	}
-	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met, Tenure: guard}
+	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met}
 	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
