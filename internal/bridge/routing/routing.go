@@ -472,6 +472,15 @@ func (r *Route) Close() {
 		return
 	}
 	r.closed.Store(true)
+	close(r.quit)
+	for t := range r.timers {
+		if t.Stop() {
+			r.wg.Done()
+		}
+		delete(r.timers, t)
+	}
+	r.mu.Unlock()
+	// Outside r.mu: advance holds t.mu when it takes r.mu (later).
 	for _, t := range r.targets {
 		t.mu.Lock()
 		for _, l := range t.lanes {
@@ -481,14 +490,6 @@ func (r *Route) Close() {
 		}
 		t.mu.Unlock()
 	}
-	close(r.quit)
-	for t := range r.timers {
-		if t.Stop() {
-			r.wg.Done()
-		}
-		delete(r.timers, t)
-	}
-	r.mu.Unlock()
 	r.wg.Wait()
 }
 

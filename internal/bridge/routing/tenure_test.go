@@ -91,3 +91,21 @@ func TestTenureEndsAtThePointOfAction(t *testing.T) {
 		t.Fatalf("acked %d, withdrawn %d, in flight %d; want 1, 1, 1", acked.Load(), snd.withdrawn.Load(), route.InFlight())
 	}
 }
+
+// Closing a route (the end of its tenure) withdraws what it handed to a
+// sender that has not started it: it stays unacknowledged.
+func TestCloseWithdrawsQueuedMessages(t *testing.T) {
+	snd := &queueing{}
+	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, Targets: []routing.Target{{ID: "q", Sender: snd}}})
+	var acked atomic.Int32
+	for _, p := range []string{"1", "2"} {
+		if err := route.Deliver(&mqtt.Message{Topic: "a", Payload: []byte(p)}, func() { acked.Add(1) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	route.Close()
+	snd.flush()
+	if len(snd.delivered) != 0 || snd.withdrawn.Load() != 2 || acked.Load() != 0 {
+		t.Fatalf("delivered %v, withdrawn %d, acked %d after Close; want none, 2, 0", snd.delivered, snd.withdrawn.Load(), acked.Load())
+	}
+}
