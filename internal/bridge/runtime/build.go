@@ -101,6 +101,18 @@ func (c *closingStore) Close() error {
 	return err
 }
 
+// NotifyRelease forwards the wrapped store's release hints; without it the
+// wrapper would hide them and an etcd standby would wait for its poll.
+func (c *closingStore) NotifyRelease(ctx context.Context, id string) <-chan struct{} {
+	if n, ok := c.Store.(lease.ReleaseNotifier); ok {
+		return n.NotifyRelease(ctx, id)
+	}
+	return nil
+}
+
+// The wrapper must keep the fast path of the store it wraps.
+var _ lease.ReleaseNotifier = (*closingStore)(nil)
+
 func defaultInstanceID() string {
 	h, err := os.Hostname()
 	if err != nil || h == "" {
