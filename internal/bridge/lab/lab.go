@@ -261,6 +261,14 @@ routes:
     failover_slo: 60s{{ROUTE_RATE}}
 `
 
+// RenderConfig is the lab's configuration for instance a with a sqlite
+// store in dir and placeholder broker addresses: what the budgets quoted
+// in the docs are computed from.
+func RenderConfig(dir string) string {
+	return rendering{instance: "a", http: "127.0.0.1:1", dir: dir, store: fmt.Sprintf("{type: sqlite, path: %q}", dir+"/lease.db"),
+		broker: "tcp://127.0.0.1:1", sink: "tcp://127.0.0.1:1", nonce: "n"}.String()
+}
+
 type rendering struct {
 	instance, http, dir, store, broker, sink, nonce string
 	rate, queueLimit                                int
