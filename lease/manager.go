@@ -187,6 +187,9 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
+// Session is the session id (the lease row) this manager competes for.
+func (m *Manager) Session() string { return m.cfg.Session }
+
 // OwnerID is the owner id this manager acquires under.
 func (m *Manager) OwnerID() string { return m.owner }
 
@@ -205,10 +208,18 @@ func (m *Manager) Ownership() *Ownership {
 // the path to the broker is lost (not converged), true when restored. When
 // the path stays lost for BrokerHealthStepDown, checked at the top of each
 // renew round, the owner steps down and Run returns ErrBrokerPathStepDown.
-// A new tenure starts with a healthy path.
+// A new tenure starts with a healthy path; a transport that has not reached
+// its broker yet reports false at once, so that an owner that never
+// converges steps down too (see Ownership.ReportBrokerPath, which a
+// tenure's own work should prefer: it cannot touch a later tenure).
 func (m *Manager) ReportBrokerPath(healthy bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.reportBrokerPath(healthy)
+}
+
+// reportBrokerPath is ReportBrokerPath with m.mu held.
+func (m *Manager) reportBrokerPath(healthy bool) {
 	switch {
 	case healthy:
 		m.unhealthySince = time.Time{}
@@ -245,17 +256,44 @@ func (m *Manager) Run(ctx context.Context) error {
 	m.log.Info("lease manager started", "ttl", m.cfg.Cadence.LeaseTTL, "renew_interval", m.cfg.Cadence.RenewInterval,
 		"acquire_poll_interval", m.cfg.Cadence.AcquirePollInterval, "renew_call_timeout", m.cfg.Cadence.RenewCallTimeout)
 	for {
-		tok, deadline, ok := m.standBy(ctx)
+		tok, deadline, seen, ok := m.standBy(ctx)
 		if !ok {
 			return nil
 		}
-		if err := m.own(ctx, tok, deadline); err != nil {
+		if err := m.own(ctx, tok, deadline, seen); err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
+		m.waitTenure()
 	}
+}
+
+// waitTenure waits until the previous tenure's OnOwner has returned, so
+// that no work of an ended tenure overlaps the next one. The step-down
+// stops waiting for the work at its bound (the lease must be released on
+// time), but the next Acquire waits here: the work was cancelled by then
+// and must return promptly. The wait delays only this process's own next
+// tenure, never another instance's takeover, so it adds nothing to the
+// failover budgets; a wait beyond the step-down phase bound is logged.
+func (m *Manager) waitTenure() {
+	done := make(chan struct{})
+	go func() {
+		m.work.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(m.cfg.Cadence.StepDownPhaseBound())
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	m.log.Warn("the previous tenure's work has not returned; waiting for it before competing for the lease again")
+	start := time.Now()
+	<-done
+	m.log.Info("the previous tenure's work returned", "waited", time.Since(start))
 }
 
 // pollDelay is acquire_poll_interval ± 25 %: uniform in
@@ -275,14 +313,23 @@ func (m *Manager) renewDelay(deadline time.Time) time.Duration {
 }
 
 // standBy calls Acquire every jittered poll until it is granted or ctx
-// ends. The first call sets the observation baseline.
-func (m *Manager) standBy(ctx context.Context) (Token, time.Time, bool) {
+// ends. The first call sets the observation baseline. It also returns the
+// latest time, on time.Now's monotonic clock, at which the previous owner
+// is known to have been alive (zero when no renewal of another owner was
+// observed): the start of the last poll that read the row before the
+// previous owner's last observed renewal. (A release is not counted: the
+// granting call cannot tell it from a takeover after the expiry.)
+func (m *Manager) standBy(ctx context.Context) (Token, time.Time, time.Time, bool) {
 	c := m.cfg.Cadence
 	claim := Claim{ID: m.cfg.Session, Owner: m.owner, TTL: c.LeaseTTL, Endpoint: m.cfg.Endpoint}
 	var lastHolder string
+	// The previous owner's write that the last poll read, and when the
+	// poll before it started.
+	var lastWrite ownerWrite
+	var prevStart, aliveAt time.Time
 	for {
 		if ctx.Err() != nil {
-			return Token{}, time.Time{}, false
+			return Token{}, time.Time{}, time.Time{}, false
 		}
 		pre := m.clock.Now()
 		start := time.Now()
@@ -296,16 +343,25 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, bool) {
 			if m.clock.Now().Before(deadline) {
 				m.met.acquireSeconds.WithLabelValues("acquired").Observe(lat)
 				m.met.acquireAttempts.WithLabelValues("acquired").Inc()
-				return tok, deadline, true
+				return tok, deadline, aliveAt, true
 			}
 			m.log.Warn("lease granted after its local deadline had already passed; not acting on it", "version", tok.Version)
 		case errors.Is(err, ErrHeld):
 			m.met.acquireSeconds.WithLabelValues("held").Observe(lat)
 			m.met.acquireAttempts.WithLabelValues("held").Inc()
 			var he *HeldError
-			if errors.As(err, &he) && he.Record.Owner != lastHolder {
-				lastHolder = he.Record.Owner
-				m.log.Info("standing by: lease held", "holder", he.Record.Owner, "version", he.Record.Version, "endpoint", he.Record.Endpoint)
+			if errors.As(err, &he) {
+				if he.Record.Owner != lastHolder {
+					lastHolder = he.Record.Owner
+					m.log.Info("standing by: lease held", "holder", he.Record.Owner, "version", he.Record.Version, "endpoint", he.Record.Endpoint)
+				}
+				w := ownerWrite{owner: he.Record.Owner, version: he.Record.Version, renewedAt: he.Record.RenewedAt}
+				if w != lastWrite {
+					// A new renewal (or a new owner) since the last poll:
+					// the owner was alive after that poll started.
+					aliveAt = prevStart
+					lastWrite = w
+				}
 			}
 		default:
 			m.met.acquireSeconds.WithLabelValues("error").Observe(lat)
@@ -314,21 +370,30 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, bool) {
 				m.log.Warn("acquire failed", "err", err)
 			}
 		}
+		prevStart = start
 		t := time.NewTimer(m.pollDelay())
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return Token{}, time.Time{}, false
+			return Token{}, time.Time{}, time.Time{}, false
 		case <-t.C:
 		}
 	}
 }
 
+// ownerWrite identifies one write of the lease row by its owner.
+type ownerWrite struct {
+	owner     string
+	version   int64
+	renewedAt time.Time
+}
+
 // own runs one tenure. It returns ErrBrokerPathStepDown for the terminal
 // step-down and nil otherwise.
-func (m *Manager) own(ctx context.Context, tok Token, deadline time.Time) error {
+func (m *Manager) own(ctx context.Context, tok Token, deadline, prevAlive time.Time) error {
 	c := m.cfg.Cadence
 	o := newOwnership(context.WithoutCancel(ctx), tok, m.clock, deadline)
+	o.m, o.prevAlive = m, prevAlive
 	m.mu.Lock()
 	m.current = o
 	m.unhealthySince = time.Time{}

@@ -546,3 +546,91 @@ func TestAuthoritativeReadCadence(t *testing.T) {
 		t.Fatal("stepped down although the authoritative read named us")
 	}
 }
+
+// A tenure whose work does not return when it is cancelled holds back the
+// next tenure of the same manager: the next Acquire waits until the work
+// returned, so that no two tenures of one process act at once.
+func TestNextTenureWaitsForThePreviousWork(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := cadence()
+	clk := &lease.JumpClock{}
+	release := make(chan struct{})
+	var tenures, running atomic.Int32
+	var overlap atomic.Bool
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c, Clock: clk,
+		OnOwner: func(own *lease.Ownership) {
+			if running.Add(1) > 1 {
+				overlap.Store(true)
+			}
+			defer running.Add(-1)
+			if tenures.Add(1) == 1 {
+				<-release // ignores its cancellation
+			}
+		}})
+	first := waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	clk.Jump(c.LeaseTTL) // "slept" through the deadline
+	waitEvent(t, a, lease.EventSteppedDown, 3*c.LeaseTTL)
+	// Well past the step-down bound and several polls: still no new
+	// tenure, because the first one's work has not returned.
+	time.Sleep(c.StepDownPhaseBound() + 2*c.MaxJitteredPoll())
+	if a.m.Ownership() != nil || tenures.Load() != 1 {
+		t.Fatalf("a new tenure started while the previous work still ran (tenures %d)", tenures.Load())
+	}
+	close(release)
+	re := waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	if re.Token.Version <= first.Token.Version || overlap.Load() {
+		t.Fatalf("re-acquired v%d after v%d; overlap %v", re.Token.Version, first.Token.Version, overlap.Load())
+	}
+}
+
+// A broker-path report of an ended tenure does not reach the next one.
+func TestStaleTenureBrokerPathReportIgnored(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := cadence()
+	clk := &lease.JumpClock{}
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c, Clock: clk,
+		BrokerHealthStepDown: 200 * time.Millisecond})
+	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	old := a.m.Ownership()
+	clk.Jump(c.LeaseTTL)
+	waitEvent(t, a, lease.EventAcquired, 3*c.LeaseTTL)
+	old.ReportBrokerPath(false) // late, from the ended tenure
+	time.Sleep(200*time.Millisecond + 3*c.RenewInterval)
+	if !owns(a) {
+		t.Fatal("a stale tenure's broker-path report stepped the new tenure down")
+	}
+	// The new tenure's own report does.
+	a.m.Ownership().ReportBrokerPath(false)
+	if err := a.wait(t, 10*time.Second); !errors.Is(err, lease.ErrBrokerPathStepDown) {
+		t.Fatalf("Run = %v, want ErrBrokerPathStepDown", err)
+	}
+}
+
+// The successor knows a time at which its predecessor was still alive:
+// before the predecessor stopped, and after the successor started.
+func TestPreviousOwnerAlive(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "l.db")
+	c := cadence()
+	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c})
+	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
+	if _, ok := a.m.Ownership().PreviousOwnerAlive(); ok {
+		t.Fatal("the first owner of a free lease reports a predecessor")
+	}
+	bStart := time.Now()
+	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c})
+	// Let b see a few of a's renewals.
+	time.Sleep(3*c.RenewInterval + 2*c.MaxJitteredPoll())
+	stopped := time.Now()
+	a.cancel()
+	if err := a.wait(t, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*c.LeaseTTL+10*time.Second, "b owns", func() bool { return owns(b) })
+	at, ok := b.m.Ownership().PreviousOwnerAlive()
+	if !ok || at.Before(bStart) || !at.Before(stopped) {
+		t.Fatalf("PreviousOwnerAlive = %v, %v; want within [b's start, a's stop] = [%v, %v]", at, ok, bStart, stopped)
+	}
+}

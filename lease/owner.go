@@ -44,9 +44,42 @@ type Ownership struct {
 	stopping chan struct{}
 	stopOnce sync.Once
 
+	// m is the manager of the tenure (nil in tests that build one
+	// directly); prevAlive is PreviousOwnerAlive.
+	m         *Manager
+	prevAlive time.Time
+
 	mu       sync.Mutex
 	deadline time.Time
 	watchdog *time.Timer
+}
+
+// PreviousOwnerAlive is the latest time at which the owner before this
+// tenure is known to have been alive and holding the lease, as a reading
+// of time.Now (monotonic, this process): the start of the last standby
+// poll that read the row before that owner's last observed renewal.
+// Every failure of that owner happened after it, so the time from
+// it to this tenure's full service is an upper bound of failure-to-full on
+// one clock. ok is false when this standby observed no renewal of another
+// owner (the lease was free, or the only write of that owner it read was
+// already there at its first poll).
+func (o *Ownership) PreviousOwnerAlive() (t time.Time, ok bool) {
+	return o.prevAlive, !o.prevAlive.IsZero()
+}
+
+// ReportBrokerPath is Manager.ReportBrokerPath for this tenure only: a
+// report that arrives after the tenure ended is ignored, so that late work
+// of an old tenure cannot start or stop the clock of the next one.
+func (o *Ownership) ReportBrokerPath(healthy bool) {
+	if o.m == nil {
+		return
+	}
+	o.m.mu.Lock()
+	defer o.m.mu.Unlock()
+	if o.m.current != o {
+		return
+	}
+	o.m.reportBrokerPath(healthy)
 }
 
 func newOwnership(parent context.Context, tok Token, clock Clock, deadline time.Time) *Ownership {

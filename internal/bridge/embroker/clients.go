@@ -39,7 +39,11 @@ func Connect(ctx context.Context, url, clientID string, cleanStart bool, onMessa
 		expiry = 3600
 	}
 	ca, err := c.Connect(ctx, &paho.Connect{ClientID: clientID, CleanStart: cleanStart, KeepAlive: 30,
-		Properties: &paho.ConnectProperties{ReceiveMaximum: &recvMax, SessionExpiryInterval: &expiry}})
+		// RequestProblemInfo: mochi-mqtt v2.7.9 strips user properties from
+		// every packet, PUBLISH included, sent to a client that asked for
+		// no problem information (MQTT 5 allows that only for packets
+		// other than PUBLISH); the fencing stamp travels in them.
+		Properties: &paho.ConnectProperties{ReceiveMaximum: &recvMax, SessionExpiryInterval: &expiry, RequestProblemInfo: true}})
 	if err != nil {
 		_ = conn.Close()
 		if ca != nil {

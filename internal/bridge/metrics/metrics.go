@@ -5,6 +5,12 @@ package metrics
 
 import "github.com/prometheus/client_golang/prometheus"
 
+// FailureToFullBuckets are the buckets of the failure-to-full histogram,
+// in seconds. They reach beyond the largest budget the shipped profiles
+// admit (the standalone owner-death budget, 1097.5s), so that an alert
+// against any admitted failover_slo can tell a breach from the +Inf bucket.
+var FailureToFullBuckets = []float64{1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 450, 600, 900, 1200, 1800, 3600}
+
 // Bridge is the set of bridge metrics.
 type Bridge struct {
 	In             *prometheus.CounterVec   // route
@@ -16,6 +22,7 @@ type Bridge struct {
 	ServiceLevel   *prometheus.GaugeVec     // session: 0 none, 1 degraded, 2 full
 	Owner          *prometheus.GaugeVec     // session: 1 serving as lease owner, 0 standby
 	TakeoverToFull *prometheus.HistogramVec // session
+	FailureToFull  *prometheus.HistogramVec // session
 	StepDowns      *prometheus.CounterVec   // session
 	BrokerPathDown *prometheus.GaugeVec     // session: 1 while the broker path is lost
 }
@@ -42,13 +49,20 @@ func New(reg prometheus.Registerer) *Bridge {
 		TakeoverToFull: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "myriarch_bridge_failover_takeover_to_full_seconds",
 			Help:    "From winning the lease to ServiceLevelFull (the transport activation part of the failover budget).",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 240}}, []string{"session"}),
+		FailureToFull: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "myriarch_bridge_failover_failure_to_full_seconds",
+			Help: "Failover as the failover budgets count it, recorded by the successor: from the last renewal of the previous owner " +
+				"that the successor observed (the start of its last poll before that renewal) to the successor's ServiceLevelFull, " +
+				"on the successor's one monotonic clock. The failure came after that renewal, so this is an upper bound of the " +
+				"true failure-to-full. Not recorded when the successor observed no renewal of a previous owner.",
+			Buckets: FailureToFullBuckets}, []string{"session"}),
 		StepDowns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_bridge_broker_health_step_down_total",
 			Help: "Broker-path step-downs: the owner released the lease because its broker path stayed lost for broker_health_step_down."}, []string{"session"}),
 		BrokerPathDown: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_broker_path_lost",
-			Help: "1 while the owner's broker path is lost (the broker_health_step_down clock runs)."}, []string{"session"}),
+			Help: "1 while the owner's broker path is lost, or not yet converged since it won the lease (the broker_health_step_down clock runs)."}, []string{"session"}),
 	}
 	if reg != nil {
-		reg.MustRegister(b.In, b.Out, b.Failed, b.DeadLettered, b.Unroutable, b.InFlight, b.ServiceLevel, b.Owner, b.TakeoverToFull, b.StepDowns, b.BrokerPathDown)
+		reg.MustRegister(b.In, b.Out, b.Failed, b.DeadLettered, b.Unroutable, b.InFlight, b.ServiceLevel, b.Owner, b.TakeoverToFull,
+			b.FailureToFull, b.StepDowns, b.BrokerPathDown)
 	}
 	return b
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
@@ -57,6 +58,14 @@ type RouteConfig struct {
 	DeadLetter  *DeadLetter
 	Metrics     *metrics.Bridge
 	Logger      *slog.Logger
+	// Fence is stamped on every message the route hands to a sender
+	// (zero for a non-exclusive session).
+	Fence fence.Stamp
+	// Tenure, if set, is the lease tenure the route works for. It is
+	// checked at every point of action: the route takes no message and
+	// hands none to a sender once the tenure is invalid, and the senders
+	// check it again just before they deliver (sender.Message.Tenure).
+	Tenure fence.Tenure
 }
 
 // Route delivers the messages of one receiver to its senders.
@@ -190,18 +199,28 @@ func (r *Route) Rewrite(topic string) string {
 // ErrClosed is returned by Deliver on a closed route.
 var ErrClosed = errors.New("route closed")
 
+// ErrTenureEnded is returned by Deliver once the route's tenure is no
+// longer valid: the message stays unacknowledged for the next owner.
+var ErrTenureEnded = errors.New("route: the lease tenure ended")
+
+// valid reports whether the route's tenure may still act.
+func (r *Route) valid() bool { return r.cfg.Tenure == nil || r.cfg.Tenure.Valid() }
+
 // Deliver takes m once a slot is free (blocking while the route is full)
 // and calls settled exactly once when every sender accepted it or it was
 // dead-lettered. It returns ErrClosed, without calling settled, when the
 // route closes before a slot frees. Deliver is called from one goroutine:
 // each sender receives a topic's messages in the order of these calls.
 func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
+	if !r.valid() {
+		return ErrTenureEnded
+	}
 	select {
 	case r.slots <- struct{}{}:
 	case <-r.quit:
 		return ErrClosed
 	}
-	if r.closed.Load() {
+	if r.closed.Load() || !r.valid() {
 		<-r.slots
 		return ErrClosed
 	}
@@ -221,7 +240,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	}
 	for _, t := range r.targets {
 		d := &delivery{t: t, finish: finish, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
-			QoS: m.QoS, Retain: m.Retain, Received: m.Received, Route: r.cfg.ID}}
+			QoS: m.QoS, Retain: m.Retain, Received: m.Received, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
 		t.mu.Lock()
 		l := t.lanes[topic]
 		if l == nil {
@@ -363,7 +382,9 @@ func (r *Route) advance(t *target, topic string, l *lane) {
 		}
 		return
 	}
-	if !l.blocked || l.timer || r.closed.Load() {
+	if !l.blocked || l.timer || r.closed.Load() || !r.valid() {
+		// A tenure that ended sends nothing more: what the lane holds
+		// stays unacknowledged for the next owner.
 		return
 	}
 	for _, d := range l.items {
@@ -431,8 +452,9 @@ func (r *Route) later(d time.Duration, f func()) bool {
 	return true
 }
 
-// Close cancels pending retries and unblocks Deliver. Messages in flight
-// stay unacknowledged.
+// Close cancels pending retries, withdraws every message the route still
+// holds (a sender that has not started one will not) and unblocks
+// Deliver. Messages in flight stay unacknowledged.
 func (r *Route) Close() {
 	r.mu.Lock()
 	if r.closed.Load() {
@@ -440,6 +462,15 @@ func (r *Route) Close() {
 		return
 	}
 	r.closed.Store(true)
+	for _, t := range r.targets {
+		t.mu.Lock()
+		for _, l := range t.lanes {
+			for _, d := range l.items {
+				d.msg.SetWithdrawn(true)
+			}
+		}
+		t.mu.Unlock()
+	}
 	close(r.quit)
 	for t := range r.timers {
 		if t.Stop() {
@@ -471,10 +502,26 @@ type Dispatcher struct {
 	Session string
 	Routes  []*Route
 	Metrics *metrics.Bridge
+	// Tenure, if set, is checked before a message is taken and before it
+	// is acknowledged: a tenure that ended neither takes nor acknowledges.
+	Tenure fence.Tenure
 }
+
+func (d *Dispatcher) valid() bool { return d.Tenure == nil || d.Tenure.Valid() }
 
 // Handle implements mqtt.Handler.
 func (d *Dispatcher) Handle(m *mqtt.Message, ack func()) {
+	if !d.valid() {
+		return // the tenure ended: left unacknowledged for the next owner
+	}
+	if d.Tenure != nil {
+		raw := ack
+		ack = func() {
+			if d.valid() {
+				raw()
+			}
+		}
+	}
 	var matched []*Route
 	for _, r := range d.Routes {
 		if r.Matches(m.Topic) {

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
@@ -54,6 +55,10 @@ type Bridge struct {
 type Options struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are not registered
+	// Clock is the clock of the owners' lease deadlines; nil is the
+	// default (CLOCK_BOOTTIME on Linux). Tests jump it to freeze an owner
+	// through its deadline (lease.JumpClock).
+	Clock lease.Clock
 }
 
 // New opens the senders and the lease store. Nothing connects to a source
@@ -83,7 +88,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Bridge, error)
 	b.senders = senders
 	b.dl = routing.OpenDeadLetter(cfg.Bridge.DeadLetterPath)
 	for i := range cfg.Sessions {
-		r, err := b.newRunner(&cfg.Sessions[i])
+		r, err := b.newRunner(&cfg.Sessions[i], opts.Clock)
 		if err != nil {
 			b.closeAll(ctx)
 			return nil, err
@@ -205,13 +210,18 @@ type SessionStatus struct {
 	// (acquired, lost, stepped_down, released, with the reason).
 	LastLeaseEvent string `json:"last_lease_event,omitempty"`
 	// BrokerPathLostFor is how long the owner's broker path has been
-	// lost (the broker_health_step_down clock), in seconds.
+	// lost, or not yet converged since the lease was won (the
+	// broker_health_step_down clock), in seconds.
 	BrokerPathLostFor *float64               `json:"broker_path_lost_for_s"`
 	InFlight          int64                  `json:"in_flight"`
 	Budget            *disclose.BridgeReport `json:"budget,omitempty"`
 	Routes            []string               `json:"routes"`
 	TakeoverToFull    *float64               `json:"last_takeover_to_full_s"`
-	ServiceLevelSince time.Time              `json:"service_level_since"`
+	// FailureToFull is the last failure-to-full this instance recorded as
+	// a successor (an upper bound; see the metric
+	// myriarch_bridge_failover_failure_to_full_seconds).
+	FailureToFull     *float64  `json:"last_failure_to_full_s"`
+	ServiceLevelSince time.Time `json:"service_level_since"`
 }
 
 // Status reports the instance and every session.
@@ -233,21 +243,32 @@ type runner struct {
 	manager *lease.Manager
 
 	mu             sync.Mutex
-	current        *mqtt.Session
+	cur            *tenure // the tenure being served; nil between tenures
 	role           string
 	level          mqtt.Level
 	levelSince     time.Time
-	tenureStart    time.Time
-	servedFull     bool
-	pathLostSince  time.Time
 	lastTakeover   time.Duration
-	liveRoutes     []*routing.Route
-	quiet          bool
+	lastFailure    time.Duration
 	lastEvent      string
 	brokerStepDown bool
 }
 
-func (b *Bridge) newRunner(s *config.SessionSettings) (*runner, error) {
+// tenure is the state of one serve: one lease tenure of an exclusive
+// session, or the whole run of a non-exclusive one. Its fields are guarded
+// by runner.mu. Everything a tenure's work reports (levels, the broker
+// path) is matched against runner.cur, so that late reports of an ended
+// tenure cannot change the state of the next.
+type tenure struct {
+	own           *lease.Ownership // nil for a non-exclusive session
+	start         time.Time
+	session       *mqtt.Session
+	routes        []*routing.Route
+	servedFull    bool
+	pathLostSince time.Time
+	quiet         bool
+}
+
+func (b *Bridge) newRunner(s *config.SessionSettings, clock lease.Clock) (*runner, error) {
 	r := &runner{b: b, sess: s, log: b.log.With("session", s.ID), role: "active", levelSince: time.Now()}
 	for _, rt := range b.cfg.Routes {
 		if rt.Session == s.ID {
@@ -282,6 +303,7 @@ func (b *Bridge) newRunner(s *config.SessionSettings) (*runner, error) {
 		},
 		Logger:     r.log,
 		Registerer: b.reg,
+		Clock:      clock,
 	})
 	if err != nil {
 		return nil, err
@@ -296,7 +318,11 @@ func (r *runner) run(ctx, hard context.Context) error {
 		stopping := make(chan struct{})
 		stopOnce := context.AfterFunc(ctx, func() { close(stopping) })
 		defer stopOnce()
-		r.serve(hard, stopping)
+		t := &tenure{start: time.Now()}
+		r.mu.Lock()
+		r.cur = t
+		r.mu.Unlock()
+		r.serve(hard, stopping, t)
 		return nil
 	}
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
@@ -334,25 +360,44 @@ func (r *runner) run(ctx, hard context.Context) error {
 }
 
 // own is one tenure: connect, serve until the lease ends.
+//
+// The broker-path clock starts at once: an owner that won the lease but
+// never reaches full service (wrong address, ACL, firewall) is as unable
+// to serve as one that lost its path, and steps down the same way, after
+// broker_health_step_down plus one detection round.
 func (r *runner) own(o *lease.Ownership) {
+	t := &tenure{own: o, start: time.Now()}
+	t.pathLostSince = t.start
+	o.ReportBrokerPath(false)
+	r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(1)
 	r.mu.Lock()
-	r.role, r.tenureStart, r.servedFull, r.pathLostSince = "owner", time.Now(), false, time.Time{}
+	r.role, r.cur = "owner", t
 	r.mu.Unlock()
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(1)
 	r.log.Info("lease acquired; connecting", "version", o.Token().Version)
-	r.serve(o.Context(), o.Stopping())
+	r.serve(o.Context(), o.Stopping(), t)
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
 	r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
 	r.mu.Lock()
-	if r.role == "owner" {
-		r.role = "standby"
+	if r.cur == t {
+		r.cur = nil
+		if r.role == "owner" {
+			r.role = "standby"
+		}
 	}
 	r.mu.Unlock()
 }
 
 // serve runs a fresh transport session with fresh routes until ctx ends
-// (stop now) or stopping closes (drain, then stop).
-func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
+// (stop now) or stopping closes (drain, then stop). For an exclusive
+// session, every message is stamped with the tenure's lease version and
+// every point of action checks the tenure (t.own).
+func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure) {
+	var stamp fence.Stamp
+	var guard fence.Tenure
+	if t.own != nil {
+		stamp, guard = fence.New(uint64(t.own.Token().Version), r.manager.Session()), t.own
+	}
 	var routes []*routing.Route
 	for _, rt := range r.routes {
 		recv := r.b.cfg.Receiver(rt.Receiver)
@@ -368,7 +413,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 		}
 		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
 			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, DeadLetter: r.b.dl,
-			Metrics: r.b.met, Logger: r.log}))
+			Metrics: r.b.met, Logger: r.log, Fence: stamp, Tenure: guard}))
 	}
 	var subs []mqtt.Subscription
 	seen := map[string]bool{}
@@ -392,20 +437,20 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 		r.log.Error("TLS configuration", "err", err)
 		return
 	}
-	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met}
+	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met, Tenure: guard}
 	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
 		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: d.Handle,
-		OnLevel: r.onLevel, Logger: r.log,
+		OnLevel: func(l mqtt.Level) { r.onLevel(t, l) }, Logger: r.log, Tenure: guard,
 		StateFile: filepath.Join(r.b.cfg.Bridge.StateDir, r.b.cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
 	if err != nil {
 		r.log.Error("transport", "err", err)
 		return
 	}
 	r.mu.Lock()
-	r.current, r.liveRoutes = s, routes
+	t.session, t.routes = s, routes
 	r.mu.Unlock()
 
 	sctx, cancel := context.WithCancel(ctx)
@@ -416,9 +461,9 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 	}()
 	select {
 	case <-ctx.Done():
-		r.setQuiet()
+		r.setQuiet(t)
 	case <-stopping:
-		r.setQuiet()
+		r.setQuiet(t)
 		// Graceful: stop intake, drain what is in flight.
 		s.Drain()
 		for _, rt := range routes {
@@ -427,62 +472,81 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}) {
 			}
 		}
 	case <-done:
+		// The transport gave up: the tenure ended (its deadline passed)
+		// and it will not connect again.
+		r.setQuiet(t)
 	}
+	// Withdraw what the routes still hold: a sender that has not started
+	// a message of this tenure will not, and it stays unacknowledged.
 	for _, rt := range routes {
 		rt.Close()
 	}
 	cancel()
 	<-done
 	r.mu.Lock()
-	r.current, r.liveRoutes, r.quiet = nil, nil, false
+	t.session, t.routes = nil, nil
 	r.mu.Unlock()
 }
 
 // setQuiet marks the end of a tenure or of the process: the level drops
 // that follow are not broker-path losses.
-func (r *runner) setQuiet() {
+func (r *runner) setQuiet(t *tenure) {
 	r.mu.Lock()
-	r.quiet = true
+	t.quiet = true
 	r.mu.Unlock()
 }
 
 // drain is the lease manager's first step-down phase: stop intake.
 func (r *runner) drain() {
 	r.mu.Lock()
-	s := r.current
+	var s *mqtt.Session
+	if r.cur != nil {
+		s = r.cur.session
+	}
 	r.mu.Unlock()
 	if s != nil {
 		s.Drain()
 	}
 }
 
-func (r *runner) onLevel(l mqtt.Level) {
-	r.b.met.ServiceLevel.WithLabelValues(r.sess.ID).Set(float64(l))
+// onLevel is a tenure's transport reporting its service level.
+func (r *runner) onLevel(t *tenure, l mqtt.Level) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.cur != t {
+		return // a late report of an ended tenure
+	}
+	r.b.met.ServiceLevel.WithLabelValues(r.sess.ID).Set(float64(l))
 	r.level, r.levelSince = l, time.Now()
-	if r.manager == nil || r.role != "owner" {
+	if t.own == nil {
 		return
 	}
 	switch {
 	case l == mqtt.LevelFull:
-		if !r.servedFull {
-			r.servedFull = true
-			r.lastTakeover = time.Since(r.tenureStart)
+		if !t.servedFull {
+			t.servedFull = true
+			r.lastTakeover = time.Since(t.start)
 			r.b.met.TakeoverToFull.WithLabelValues(r.sess.ID).Observe(r.lastTakeover.Seconds())
-			r.log.Info("service level full", "takeover_to_full", r.lastTakeover)
+			attrs := []any{"takeover_to_full", r.lastTakeover}
+			if at, ok := t.own.PreviousOwnerAlive(); ok {
+				r.lastFailure = time.Since(at)
+				r.b.met.FailureToFull.WithLabelValues(r.sess.ID).Observe(r.lastFailure.Seconds())
+				attrs = append(attrs, "failure_to_full_at_most", r.lastFailure)
+			}
+			r.log.Info("service level full", attrs...)
 		} else {
-			r.log.Info("broker path restored", "lost_for", time.Since(r.pathLostSince))
+			r.log.Info("broker path restored", "lost_for", time.Since(t.pathLostSince))
 		}
-		r.pathLostSince = time.Time{}
+		t.pathLostSince = time.Time{}
 		r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
-		r.manager.ReportBrokerPath(true)
-	case r.servedFull && r.pathLostSince.IsZero() && !r.quiet:
-		// The broker-path clock starts when the path is lost while serving.
-		r.pathLostSince = time.Now()
+		t.own.ReportBrokerPath(true)
+	case t.pathLostSince.IsZero() && !t.quiet:
+		// The broker-path clock starts when the path is lost while
+		// serving (before full service it has run since the acquisition).
+		t.pathLostSince = time.Now()
 		r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(1)
 		r.log.Warn("broker path lost while owning", "level", l.String())
-		r.manager.ReportBrokerPath(false)
+		t.own.ReportBrokerPath(false)
 	}
 }
 
@@ -506,16 +570,22 @@ func (r *runner) status() SessionStatus {
 	for _, rt := range r.routes {
 		st.Routes = append(st.Routes, rt.ID)
 	}
-	for _, rt := range r.liveRoutes {
-		st.InFlight += rt.InFlight()
-	}
-	if !r.pathLostSince.IsZero() {
-		v := time.Since(r.pathLostSince).Seconds()
-		st.BrokerPathLostFor = &v
+	if t := r.cur; t != nil {
+		for _, rt := range t.routes {
+			st.InFlight += rt.InFlight()
+		}
+		if !t.pathLostSince.IsZero() {
+			v := time.Since(t.pathLostSince).Seconds()
+			st.BrokerPathLostFor = &v
+		}
 	}
 	if r.lastTakeover > 0 {
 		v := r.lastTakeover.Seconds()
 		st.TakeoverToFull = &v
+	}
+	if r.lastFailure > 0 {
+		v := r.lastFailure.Seconds()
+		st.FailureToFull = &v
 	}
 	st.LastLeaseEvent = r.lastEvent
 	if r.manager != nil {

@@ -191,6 +191,9 @@ func TestTakeoverResumesQueuedMessages(t *testing.T) {
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 50)
 	waitFor(t, "first 50", func() bool { return sk.has(50) })
+	// Let b observe a few of a's renewals (renew_interval ~0.56s here):
+	// failure-to-full is anchored on the last one it saw.
+	time.Sleep(3 * time.Second)
 
 	a.cancel()
 	if err := <-a.done; err != nil {
@@ -203,9 +206,17 @@ func TestTakeoverResumesQueuedMessages(t *testing.T) {
 	if n := testutil.CollectAndCount(bb.reg, "myriarch_bridge_failover_takeover_to_full_seconds"); n != 1 {
 		t.Fatalf("takeover histogram series: %d", n)
 	}
+	if n := testutil.CollectAndCount(bb.reg, "myriarch_bridge_failover_failure_to_full_seconds"); n != 1 {
+		t.Fatalf("failure-to-full histogram series: %d", n)
+	}
 	st := bb.b.Status().Sessions[0]
 	if st.LeaseVersion < 2 || st.Budget == nil || st.Budget.OwnerDeathBudget == nil {
 		t.Fatalf("status: %+v", st)
+	}
+	// Failure-to-full starts before the lease was won, so it bounds
+	// takeover-to-full from above.
+	if st.FailureToFull == nil || st.TakeoverToFull == nil || *st.FailureToFull < *st.TakeoverToFull {
+		t.Fatalf("failure-to-full %v, takeover-to-full %v", st.FailureToFull, st.TakeoverToFull)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 )
 
 // Message is one MQTT message on its way through a route.
@@ -24,6 +26,14 @@ type Message struct {
 	Received time.Time
 	// Route names the route delivering it.
 	Route string
+	// Fence is the stamp of the tenure that received it (lease version
+	// and session id); senders carry it to the destination (see package
+	// fence). Zero for a non-exclusive session: nothing is stamped.
+	Fence fence.Stamp
+	// Tenure, if set, is the lease tenure that received the message. Once
+	// it is no longer valid the message counts as withdrawn: the owner
+	// lost the right to act, so no sender starts delivering it.
+	Tenure fence.Tenure
 
 	withdrawn atomic.Bool
 }
@@ -34,10 +44,14 @@ type Message struct {
 // dead-lettered, so that the topic's order survives the retry.
 func (m *Message) SetWithdrawn(w bool) { m.withdrawn.Store(w) }
 
-// Withdrawn reports whether the route withdrew m. A sender checks it just
-// before it starts delivering m, and fails a withdrawn m with ErrWithdrawn
-// instead of delivering it. A message already on its way is not recalled.
-func (m *Message) Withdrawn() bool { return m.withdrawn.Load() }
+// Withdrawn reports whether the route withdrew m, or the tenure that
+// received m ended (its lease deadline passed: see Message.Tenure). A
+// sender checks it just before it starts delivering m — the point of
+// action — and fails a withdrawn m with ErrWithdrawn instead of delivering
+// it. A message already on its way is not recalled.
+func (m *Message) Withdrawn() bool {
+	return m.withdrawn.Load() || (m.Tenure != nil && !m.Tenure.Valid())
+}
 
 // Sender delivers messages to one destination.
 //

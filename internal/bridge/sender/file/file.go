@@ -31,6 +31,10 @@ type Line struct {
 	QoS         byte      `json:"qos"`
 	Retain      bool      `json:"retain,omitempty"`
 	Payload     []byte    `json:"payload"` // base64
+	// LeaseVersion and SessionID are the fencing stamp of an exclusive
+	// session (package fence); absent for a non-exclusive one.
+	LeaseVersion uint64 `json:"lease_version,omitempty"`
+	SessionID    string `json:"session_id,omitempty"`
 }
 
 // Sender appends JSON lines to one file.
@@ -76,7 +80,8 @@ func Open(path string) (*Sender, error) {
 			}
 		}
 		for _, m := range ms {
-			if err := enc.Encode(Line{Time: m.Received, Route: m.Route, Topic: m.Topic, SourceTopic: m.SourceTopic, QoS: m.QoS, Retain: m.Retain, Payload: m.Payload}); err != nil {
+			if err := enc.Encode(Line{Time: m.Received, Route: m.Route, Topic: m.Topic, SourceTopic: m.SourceTopic, QoS: m.QoS, Retain: m.Retain, Payload: m.Payload,
+				LeaseVersion: m.Fence.LeaseVersion, SessionID: m.Fence.SessionID}); err != nil {
 				return fail(err)
 			}
 		}

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	filesender "github.com/myriarch/myriarch/internal/bridge/sender/file"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
@@ -134,5 +136,38 @@ func TestWriteFailureAndClose(t *testing.T) {
 	}
 	if err := result(t, send(s, &sender.Message{Topic: "t"})); !errors.Is(err, sender.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// An exclusive session's line carries lease_version and session_id; a
+// non-exclusive one's carries neither field.
+func TestFenceFields(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	s, err := filesender.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, send(s, &sender.Message{Topic: "a", Payload: []byte("1"), Fence: fence.New(9, "br/s")})); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, send(s, &sender.Message{Topic: "a", Payload: []byte("2")})); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ls := lines(t, path)
+	if len(ls) != 2 {
+		t.Fatalf("%d lines", len(ls))
+	}
+	var first map[string]any
+	if err := json.Unmarshal([]byte(ls[0]), &first); err != nil {
+		t.Fatal(err)
+	}
+	if first[fence.FieldLeaseVersion] != 9.0 || first[fence.FieldSessionID] != "br/s" {
+		t.Fatalf("stamped line %s", ls[0])
+	}
+	if strings.Contains(ls[1], fence.FieldLeaseVersion) || strings.Contains(ls[1], fence.FieldSessionID) {
+		t.Fatalf("non-exclusive line carries a stamp: %s", ls[1])
 	}
 }

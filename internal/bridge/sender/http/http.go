@@ -1,6 +1,8 @@
 // Package http is the bridge's HTTP sender: it POSTs each message's payload
 // and counts it accepted on a 2xx answer. The MQTT topic travels in the
-// X-Myriarch-Topic header, the route in X-Myriarch-Route. A 4xx answer that
+// X-Myriarch-Topic header, the route in X-Myriarch-Route; a message of an
+// exclusive session carries its fencing stamp in Myriarch-Lease-Version and
+// Myriarch-Session-Id (package fence). A 4xx answer that
 // refuses the message itself is a permanent failure (see Permanent): the
 // route dead-letters the message without retrying it.
 package http
@@ -80,6 +82,7 @@ func (s *Sender) post(ctx context.Context, m *sender.Message) error {
 	}
 	req.Header.Set("X-Myriarch-Topic", m.Topic)
 	req.Header.Set("X-Myriarch-Route", m.Route)
+	m.Fence.SetHeaders(req.Header)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return err

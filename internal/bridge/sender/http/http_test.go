@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
@@ -193,5 +194,29 @@ func TestFailedTopicHoldsItsBatch(t *testing.T) {
 	closeSender(t, s)
 	if err := result(t, send(s, "a", "3")); !errors.Is(err, sender.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// An exclusive session's message carries the fencing stamp headers; a
+// non-exclusive one carries none.
+func TestFenceHeaders(t *testing.T) {
+	got := make(chan [2]string, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- [2]string{r.Header.Get(fence.HeaderLeaseVersion), r.Header.Get(fence.HeaderSessionID)}
+	}))
+	defer srv.Close()
+	s := httpsender.New(httpsender.Config{URL: srv.URL, Timeout: 5 * time.Second})
+	defer closeSender(t, s)
+	if err := result(t, sendertest.Send(s, &sender.Message{Topic: "t", Payload: []byte("x"), Fence: fence.New(7, "br/s")})); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; g != [2]string{"7", "br/s"} {
+		t.Fatalf("stamped headers %q", g)
+	}
+	if err := result(t, send(s, "t", "y")); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; g != [2]string{"", ""} {
+		t.Fatalf("non-exclusive message carries %q", g)
 	}
 }

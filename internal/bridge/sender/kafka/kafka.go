@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 )
 
@@ -115,6 +116,10 @@ func (s *Sender) run() {
 			headers := []kgo.RecordHeader{{Key: "mqtt_topic", Value: []byte(it.m.SourceTopic)}}
 			if !it.m.Received.IsZero() {
 				headers = append(headers, kgo.RecordHeader{Key: "mqtt_received", Value: []byte(it.m.Received.UTC().Format(time.RFC3339Nano))})
+			}
+			if f := it.m.Fence; !f.IsZero() {
+				headers = append(headers, kgo.RecordHeader{Key: fence.HeaderLeaseVersion, Value: []byte(f.Version())},
+					kgo.RecordHeader{Key: fence.HeaderSessionID, Value: []byte(f.SessionID)})
 			}
 			r := &kgo.Record{Topic: s.topic, Key: []byte(it.m.Topic), Value: it.m.Payload, Timestamp: time.Now(), Headers: headers}
 			done := it.done

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
@@ -120,5 +121,50 @@ func TestUnreachableTimesOut(t *testing.T) {
 	defer s.Close(context.Background())
 	if err := result(t, send(s, &sender.Message{Topic: "t", Payload: []byte("x")})); err == nil || sender.IsPermanent(err) {
 		t.Fatalf("unreachable: %v, want a retryable error", err)
+	}
+}
+
+// An exclusive session's record carries the fencing stamp headers.
+func TestFenceHeaders(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	s, err := kafkasender.Dial(kafkasender.Config{Brokers: kc.ListenAddrs(), Topic: "f", Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, send(s, &sender.Message{Topic: "a", Payload: []byte("1"), Fence: fence.New(5, "br/s")})); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.ConsumeTopics("f"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), sendertest.ResultLimit)
+	defer cancel()
+	for {
+		fs := cons.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatal("no record")
+		}
+		var recs []*kgo.Record
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+		if len(recs) == 0 {
+			continue
+		}
+		h := map[string]string{}
+		for _, kv := range recs[0].Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		if h[fence.HeaderLeaseVersion] != "5" || h[fence.HeaderSessionID] != "br/s" {
+			t.Fatalf("record headers %v", h)
+		}
+		return
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 )
@@ -272,7 +273,8 @@ func (s *Sender) session() error {
 				it.done(sender.ErrWithdrawn)
 			}
 			for i, it := range batch {
-				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain}
+				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
+					Properties: stampProperties(it.m.Fence)}
 				if _, err := p.WriteTo(conn); err != nil {
 					// Unwritten QoS 0 messages and the rest of the batch fail
 					// now; written QoS 1 ones fail with the connection.
@@ -290,6 +292,15 @@ func (s *Sender) session() error {
 			lastWrite = now
 		}
 	}
+}
+
+// stampProperties carries an exclusive session's fencing stamp as MQTT 5
+// user properties (package fence); nil for a non-exclusive session.
+func stampProperties(f fence.Stamp) *packets.Properties {
+	if f.IsZero() {
+		return nil
+	}
+	return &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
 }
 
 func (s *Sender) oldestPending() time.Time {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
@@ -202,6 +204,65 @@ func TestRefusalIsPermanent(t *testing.T) {
 	for code, want := range map[byte]bool{0x87: true, 0x90: true, 0x99: true, 0x80: false, 0x83: false, 0x91: false, 0x97: false} {
 		if mqttsender.PermanentReason(code) != want {
 			t.Errorf("PermanentReason(%#x) = %v", code, !want)
+		}
+	}
+}
+
+type tenure struct{ ok atomic.Bool }
+
+func (t *tenure) Valid() bool { return t.ok.Load() }
+
+// A message of an exclusive session carries its fencing stamp as MQTT 5
+// user properties; a non-exclusive one carries none; a message whose
+// tenure ended is not published at all.
+func TestFenceStampAndTenure(t *testing.T) {
+	b, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	type got struct{ payload, version, session string }
+	ch := make(chan got, 10)
+	sub, err := embroker.Connect(context.Background(), b.URL, "sub-f", true, func(p *paho.Publish) {
+		g := got{payload: string(p.Payload)}
+		if p.Properties != nil {
+			g.version = p.Properties.User.Get(fence.MQTTLeaseVersion)
+			g.session = p.Properties.User.Get(fence.MQTTSessionID)
+		}
+		ch <- g
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if err := sub.Subscribe(context.Background(), "f/#", 1); err != nil {
+		t.Fatal(err)
+	}
+	s := mqttsender.New(mqttsender.Config{Broker: b.URL, ClientID: "snd-f", QoS: 1, KeepAlive: time.Second, ConnectTimeout: time.Second, Timeout: 2 * time.Second})
+	defer s.Close(context.Background())
+	ten := &tenure{}
+	ten.ok.Store(true)
+	stamped := &sender.Message{Topic: "f/x", Payload: []byte("stamped"), QoS: 1, Fence: fence.New(42, "br/s1"), Tenure: ten}
+	if err := wait(t, sendertest.Send(s, stamped)); err != nil {
+		t.Fatal(err)
+	}
+	ten.ok.Store(false)
+	late := &sender.Message{Topic: "f/x", Payload: []byte("late"), QoS: 1, Fence: fence.New(42, "br/s1"), Tenure: ten}
+	if err := wait(t, sendertest.Send(s, late)); !errors.Is(err, sender.ErrWithdrawn) {
+		t.Fatalf("message of an ended tenure: %v, want ErrWithdrawn", err)
+	}
+	if err := wait(t, send(s, "f/x", "plain")); err != nil {
+		t.Fatal(err)
+	}
+	want := []got{{"stamped", "42", "br/s1"}, {"plain", "", ""}}
+	for _, w := range want {
+		select {
+		case g := <-ch:
+			if g != w {
+				t.Fatalf("subscriber got %+v, want %+v", g, w)
+			}
+		case <-time.After(sendertest.ResultLimit):
+			t.Fatalf("subscriber never got %+v", w)
 		}
 	}
 }

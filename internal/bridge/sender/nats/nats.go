@@ -13,6 +13,7 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 )
 
@@ -51,11 +52,11 @@ func Dial(cfg Config) (*Sender, error) {
 		// dead-letters) that one first.
 		var failed map[string]bool
 		for i, m := range ms {
-			if failed[m.Topic] {
+			if failed[m.Topic] || m.Withdrawn() {
 				errs[i] = sender.ErrWithdrawn
 				continue
 			}
-			if err := nc.Publish(Subject(cfg.SubjectPrefix, m.Topic), m.Payload); err != nil {
+			if err := publish(nc, Subject(cfg.SubjectPrefix, m.Topic), m); err != nil {
 				if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, natsgo.ErrBadSubject) {
 					err = sender.Permanent(err)
 				}
@@ -78,6 +79,17 @@ func Dial(cfg Config) (*Sender, error) {
 		return errs
 	})
 	return s, nil
+}
+
+// publish publishes m, with the fencing stamp as headers when it has one.
+func publish(nc *natsgo.Conn, subject string, m *sender.Message) error {
+	if m.Fence.IsZero() {
+		return nc.Publish(subject, m.Payload)
+	}
+	h := natsgo.Header{}
+	h.Set(fence.HeaderLeaseVersion, m.Fence.Version())
+	h.Set(fence.HeaderSessionID, m.Fence.SessionID)
+	return nc.PublishMsg(&natsgo.Msg{Subject: subject, Data: m.Payload, Header: h})
 }
 
 // Subject maps an MQTT topic to a NATS subject.

@@ -12,6 +12,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
@@ -124,5 +125,46 @@ func TestDeliverClassifyAndServerLoss(t *testing.T) {
 	}
 	if err := result(t, send(s, "a/x", nil)); !errors.Is(err, sender.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// An exclusive session's message carries the fencing stamp headers; a
+// non-exclusive one's carries none.
+func TestFenceHeaders(t *testing.T) {
+	ns := startServer(t, 1024)
+	nc, err := natsgo.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan [3]string, 2)
+	if _, err := nc.Subscribe("f.>", func(m *natsgo.Msg) {
+		got <- [3]string{string(m.Data), m.Header.Get(fence.HeaderLeaseVersion), m.Header.Get(fence.HeaderSessionID)}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := natssender.Dial(natssender.Config{URL: ns.ClientURL(), SubjectPrefix: "f", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	if err := result(t, sendertest.Send(s, &sender.Message{Topic: "a", Payload: []byte("1"), Fence: fence.New(3, "br/s")})); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, send(s, "a", []byte("2"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range [][3]string{{"1", "3", "br/s"}, {"2", "", ""}} {
+		select {
+		case g := <-got:
+			if g != want {
+				t.Fatalf("got %q, want %q", g, want)
+			}
+		case <-time.After(sendertest.ResultLimit):
+			t.Fatalf("never got %q", want)
+		}
 	}
 }

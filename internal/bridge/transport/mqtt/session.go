@@ -33,6 +33,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 )
 
@@ -111,7 +112,18 @@ type Config struct {
 	// session's subscriptions, so without it they stay until the session
 	// expires (their messages are acknowledged and dropped).
 	StateFile string
+	// Tenure, if set, is the lease tenure the session works for. It is
+	// checked at every point of action: before each connection attempt
+	// (so a deposed owner never reconnects with the shared client_id and
+	// kicks its successor off the broker session), before a message is
+	// handed to the handler, and before an acknowledgment. Once it is
+	// invalid, Run returns without connecting again.
+	Tenure fence.Tenure
 }
+
+// ErrTenureEnded is returned by Run when the session's tenure is no longer
+// valid.
+var ErrTenureEnded = errors.New("mqtt session: the lease tenure ended")
 
 // Activation is the bound this transport declares to the failover package.
 func (c Config) Activation() (failover.Activation, error) {
@@ -177,11 +189,18 @@ func (s *Session) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	attempt := 0
 	for {
+		if !s.valid() {
+			s.log.Warn("lease tenure ended; not connecting")
+			return ErrTenureEnded
+		}
 		start := time.Now()
 		err := s.connection(ctx, attempt)
 		s.setLevel(LevelNone)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, ErrTenureEnded) {
+			return err
 		}
 		attempt++
 		if time.Since(start) > 10*time.Second {
@@ -196,6 +215,8 @@ func (s *Session) Run(ctx context.Context) error {
 		backoff = min(2*backoff, max(time.Second, s.cfg.ConnectTimeout))
 	}
 }
+
+func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Valid() }
 
 // ErrActivation wraps an activation step that ran out of its time.
 var ErrActivation = errors.New("mqtt activation")
@@ -217,6 +238,9 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	var err error
 	// Connect: at most two attempts, each within connect_timeout.
 	for try := range 2 {
+		if !s.valid() {
+			return ErrTenureEnded
+		}
 		broker := s.cfg.Brokers[(attempt*2+try)%len(s.cfg.Brokers)]
 		cli, err = s.connect(actCtx, broker, report)
 		if err == nil {
@@ -492,7 +516,7 @@ func (s *Session) SessionPresent() bool {
 func (s *Session) onPublish(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
 	cli := pr.Client
-	if s.draining.Load() {
+	if s.draining.Load() || !s.valid() {
 		return true, nil // left unacknowledged for the next owner
 	}
 	if !s.wanted(p.Topic) {
@@ -503,11 +527,17 @@ func (s *Session) onPublish(pr paho.PublishReceived) (bool, error) {
 		if !inGrace {
 			s.log.Warn("message matches no configured filter; acknowledged and dropped", "topic", p.Topic)
 		}
-		_ = cli.Ack(p)
+		if s.valid() {
+			_ = cli.Ack(p)
+		}
 		return true, nil
 	}
 	m := &Message{Topic: p.Topic, Payload: p.Payload, QoS: p.QoS, Retain: p.Retain, Received: time.Now()}
-	s.cfg.Handler(m, func() { _ = cli.Ack(p) })
+	s.cfg.Handler(m, func() {
+		if s.valid() {
+			_ = cli.Ack(p)
+		}
+	})
 	return true, nil
 }
 
