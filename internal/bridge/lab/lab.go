@@ -474,7 +474,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		delay := time.Second
 		if opts.Runs > 0 {
 			sc = scen[rng.IntN(len(scen))]
-			delay = 500*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+			delay = 300*time.Millisecond + time.Duration(rng.Int64N(int64(time.Second)))
 		}
 		r, err := e.round(ctx, i, sc, delay)
 		if err != nil {
@@ -825,10 +825,12 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 		}
 		before := owner.brokerPx.Accepted()
 		_ = owner.p.cmd.Process.Signal(syscall.SIGCONT)
-		time.Sleep(3 * time.Second)
+		// A resumed owner that acts does so at once: its timers fire and
+		// its connections report errors on the first read.
+		time.Sleep(2 * time.Second)
 		res.OldOwnerReconnects = owner.brokerPx.Accepted() - before
 	default:
-		time.Sleep(2 * time.Second)
+		time.Sleep(1500 * time.Millisecond)
 	}
 	if sc != OwnerBrokerUnreachable {
 		select {

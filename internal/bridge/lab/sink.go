@@ -7,14 +7,15 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 )
 
 // The fencing stamps every message delivered by an exclusive session
-// carries (MQTT 5 user properties). The names are a fixed contract with
-// the runtime's internal/bridge/fence package.
+// carries (MQTT 5 user properties), as package fence names them.
 const (
-	PropLeaseVersion = "myriarch-lease-version"
-	PropSessionID    = "myriarch-session-id"
+	PropLeaseVersion = fence.MQTTLeaseVersion
+	PropSessionID    = fence.MQTTSessionID
 )
 
 // delivery is one message as the sink received it.
