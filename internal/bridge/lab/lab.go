@@ -570,6 +570,13 @@ func (e *env) start(s *slot) error {
 	fmt.Fprintf(logf, "--- start %d at %s\n", e.starts, time.Now().Format(time.RFC3339Nano))
 	cmd := e.opts.Command("run", "-c", cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// A process group of its own: a stopped process in a group that the
+	// kernel finds orphaned (the lab run under nohup, say) is sent SIGCONT
+	// whenever another member exits, which would end a SIGSTOP early.
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
