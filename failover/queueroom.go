@@ -14,7 +14,7 @@ const (
 	MosquittoDefaultMaxQueued = 1000
 	// EMQXDefaultMaxQueued is EMQX 5's mqtt.max_mqueue_len.
 	EMQXDefaultMaxQueued = 1000
-	// HiveMQDefaultMaxQueued is HiveMQ's max-queued-messages.
+	// HiveMQDefaultMaxQueued is HiveMQ's queued-messages max-queue-size.
 	HiveMQDefaultMaxQueued = 1000
 	// DefaultBrokerQueueLimit is what admission assumes when a route
 	// declares a peak rate and the session does not declare its broker's
@@ -73,7 +73,7 @@ func AssessQueueRoom(rate float64, limit int, budget time.Duration) QueueRoom {
 			how = "assumed: the default of mosquitto, EMQX and HiveMQ; declare the broker's real limit"
 		}
 		q.Err = fieldErr("broker_max_queued_messages", q.Limit,
-			"(%s) cannot hold the messages at risk: peak_message_rate %v msg/s × worst-case failover budget %v = %d messages; the broker drops the rest silently while no instance consumes the session; raise the broker's per-session queue limit to at least %d (mosquitto max_queued_messages, EMQX mqtt.max_mqueue_len, HiveMQ max-queued-messages) and declare it, or shorten the budget",
+			"(%s) cannot hold the messages at risk: peak_message_rate %v msg/s × worst-case failover budget %v = %d messages; the broker drops the rest silently while no instance consumes the session; raise the broker's per-session queue limit to at least %d (mosquitto max_queued_messages, EMQX mqtt.max_mqueue_len, HiveMQ queued-messages max-queue-size) and declare it, or shorten the budget",
 			how, rate, budget, q.AtRisk, q.AtRisk)
 	}
 	return q
