@@ -128,10 +128,7 @@ func TestAcquireRenewShutdownRelease(t *testing.T) {
 	}
 	// A standby with its own store handle waits.
 	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c, Registerer: reg})
-	time.Sleep(3 * c.AcquirePollInterval)
-	if owns(b) {
-		t.Fatal("standby owns while the owner renews")
-	}
+	time.Sleep(3 * c.AcquirePollInterval) // b polls while a renews
 	a.cancel()
 	if err := a.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("Run after shutdown: %v", err)
@@ -147,9 +144,14 @@ func TestAcquireRenewShutdownRelease(t *testing.T) {
 		t.Fatalf("CloseSource called %d times", closed.Load())
 	}
 	// Released: the standby takes it at its next poll, with a higher version.
+	// b's event stream covers the whole interval: its first acquisition
+	// comes after a stepped down, never while a renewed.
 	bacq := waitEvent(t, b, lease.EventAcquired, 2*c.MaxJitteredPoll()+2*time.Second)
 	if bacq.Token.Version <= acq.Token.Version {
 		t.Fatalf("version %d after %d", bacq.Token.Version, acq.Token.Version)
+	}
+	if bacq.Time.Before(sd.Time) {
+		t.Fatalf("standby acquired at %v, before the owner stepped down at %v", bacq.Time, sd.Time)
 	}
 	if n := testutil.CollectAndCount(reg, lease.MetricStepDowns); n == 0 {
 		t.Fatal("no step-down metric")

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -262,7 +263,32 @@ func testTakeoverWindow(t *testing.T, h Harness) {
 	}
 }
 
+// stallAttempts is how often RenewKeepsStandbysOut runs again when the
+// machine stalled the owner past its local deadline. Under CI=true a
+// scenario that stalled every time fails: a suite that skips there proves
+// nothing.
+const stallAttempts = 3
+
 func testRenewKeepsOut(t *testing.T, h Harness) {
+	var stalls []string
+	for range stallAttempts {
+		stall := renewKeepsOut(t, h)
+		if stall == "" || t.Failed() {
+			return
+		}
+		t.Logf("attempt stalled: %s", stall)
+		stalls = append(stalls, stall)
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("the machine stalled the owner past its local deadline in all %d attempts (%v); under CI=true this is a failure, not a skip", stallAttempts, stalls)
+	}
+	t.Skipf("the machine stalled the owner past its local deadline in all %d attempts: %v", stallAttempts, stalls)
+}
+
+// renewKeepsOut runs the scenario once; it returns why the machine stalled
+// the owner past its local deadline (the scenario proved nothing), or ""
+// when it ran.
+func renewKeepsOut(t *testing.T, h Harness) string {
 	owner, obs := open(t, h, nil), open(t, h, nil)
 	id := UniqueID(t)
 	lastRenew := time.Now()
@@ -274,7 +300,7 @@ func testRenewKeepsOut(t *testing.T, h Harness) {
 			pre := time.Now()
 			if err := owner.Renew(ctxT(t), id, tok, TTL); err != nil {
 				if errors.Is(err, lease.ErrExpired) && time.Since(lastRenew) >= lease.LocalDeadline(lastRenew, TTL).Sub(lastRenew) {
-					t.Skipf("the machine stalled the owner past its local deadline (%v since its last renew): %v", time.Since(lastRenew), err)
+					return fmt.Sprintf("%v since its last renew: %v", time.Since(lastRenew), err)
 				}
 				t.Fatalf("Renew: %v", err)
 			}
@@ -284,11 +310,12 @@ func testRenewKeepsOut(t *testing.T, h Harness) {
 		if _, err := obs.Acquire(ctxT(t), claim(id, "observer")); err == nil {
 			// Legitimate only if this machine stalled the owner's renews
 			// for a whole TTL.
-			if el := time.Since(lastRenew); el < TTL {
+			el := time.Since(lastRenew)
+			if el < TTL {
 				t.Fatalf("observer took over %v after the owner's last renew was sent (TTL %v)", el, TTL)
 			}
-			t.Logf("the machine stalled the owner's renews for a TTL; takeover was legitimate")
-			return
+			// The takeover was legitimate, but the scenario proved nothing.
+			return fmt.Sprintf("the machine stalled the owner's renews for %v, a whole TTL", el)
 		} else if !errors.Is(err, lease.ErrHeld) {
 			t.Fatalf("observer Acquire while the owner renews every TTL/4: %v, want ErrHeld", err)
 		}
@@ -301,6 +328,7 @@ func testRenewKeepsOut(t *testing.T, h Harness) {
 	if err := owner.Renew(ctxT(t), id, tok, TTL); !errors.Is(err, lease.ErrLost) && !errors.Is(err, lease.ErrExpired) {
 		t.Fatalf("Renew by the old owner after takeover: %v, want ErrLost or ErrExpired", err)
 	}
+	return ""
 }
 
 func testReleased(t *testing.T, h Harness) {

@@ -7,6 +7,8 @@
 //
 // Each benchmark reports msgs/s at up to 1,000 messages in flight, p50 and
 // p99 latency at a paced 5,000 msg/s, and out-of-order deliveries.
+// BenchmarkFence reports the same path plain and as a lease tenure runs it
+// (point-of-action checks, fencing stamps), side by side.
 // BenchmarkMemoryPer10kInFlight reports the bridge's heap for 10,000
 // messages held in one route.
 package bench
@@ -15,6 +17,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -24,11 +29,15 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/sqlitestore"
 )
 
 const (
@@ -121,9 +130,26 @@ func waitCount(b *testing.B, c *collector, n int) {
 	}
 }
 
-// run measures one path: publisher on pubURL topic "in/x", subscriber on
-// subURL filter.
+// result is one measured path.
+type result struct {
+	rate, p50, p99 float64 // msgs/s; ms at the paced rate
+	outOfOrder     int
+	pacedOutOfOrd  int
+}
+
+// run measures one path and reports its figures.
 func run(b *testing.B, pubURL, subURL, subFilter string) {
+	r := measure(b, pubURL, subURL, subFilter)
+	b.ReportMetric(r.rate, "msgs/s")
+	b.ReportMetric(float64(r.outOfOrder), "out-of-order")
+	b.ReportMetric(r.p50, "p50-ms@5k/s")
+	b.ReportMetric(r.p99, "p99-ms@5k/s")
+	b.ReportMetric(float64(r.pacedOutOfOrd), "paced-out-of-order")
+}
+
+// measure measures one path: publisher on pubURL topic "in/x", subscriber
+// on subURL filter.
+func measure(b *testing.B, pubURL, subURL, subFilter string) result {
 	ctx := context.Background()
 	c := &collector{}
 	sub, err := embroker.Connect(ctx, subURL, fmt.Sprintf("bench-sub-%d", time.Now().UnixNano()), true, c.on)
@@ -143,19 +169,21 @@ func run(b *testing.B, pubURL, subURL, subFilter string) {
 	c.reset()
 
 	b.ResetTimer()
+	var r result
 	start := time.Now()
 	publish(b, pub, "in/x", throughputN, 0)
 	waitCount(b, c, throughputN)
 	el := time.Since(start)
-	b.ReportMetric(float64(throughputN)/el.Seconds(), "msgs/s")
-	b.ReportMetric(float64(c.outOfOrd), "out-of-order")
+	r.rate = float64(throughputN) / el.Seconds()
+	r.outOfOrder = c.outOfOrd
 	c.reset()
 
 	publish(b, pub, "in/x", pacedN, pacedRate)
 	waitCount(b, c, pacedN)
-	b.ReportMetric(float64(c.percentile(0.50).Microseconds())/1000, "p50-ms@5k/s")
-	b.ReportMetric(float64(c.percentile(0.99).Microseconds())/1000, "p99-ms@5k/s")
-	b.ReportMetric(float64(c.outOfOrd), "paced-out-of-order")
+	r.p50 = float64(c.percentile(0.50).Microseconds()) / 1000
+	r.p99 = float64(c.percentile(0.99).Microseconds()) / 1000
+	r.pacedOutOfOrd = c.outOfOrd
+	return r
 }
 
 func BenchmarkDirect(b *testing.B) {
@@ -167,28 +195,129 @@ func BenchmarkDirect(b *testing.B) {
 
 func BenchmarkBridge(b *testing.B) {
 	a, dst := broker(b), broker(b)
+	stop := startBridge(b, a, dst, "bridge", nil)
+	defer stop()
+	for range b.N {
+		run(b, a, dst, "out/#")
+	}
+}
+
+// startBridge runs the bridge's receive → route → MQTT send path from
+// broker a ("in/#") to dst ("out/#") under clientID. With own set, it runs
+// as an exclusive session's tenure does: every point of action checks
+// own.Valid() and every message carries the fencing stamp.
+func startBridge(b *testing.B, a, dst, clientID string, own *lease.Ownership) (stop func()) {
 	ctx := context.Background()
-	out := mqttsender.New(mqttsender.Config{Broker: dst, ClientID: "bridge-out", QoS: 1, KeepAlive: 30 * time.Second})
-	defer out.Close(ctx)
+	var stamp fence.Stamp
+	var guard fence.Tenure
+	if own != nil {
+		stamp, guard = fence.New(uint64(own.Token().Version), "bench/s"), own
+	}
+	out := mqttsender.New(mqttsender.Config{Broker: dst, ClientID: clientID + "-out", QoS: 1, KeepAlive: 30 * time.Second})
 	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"in/#"}, MaxInFlight: window,
-		StripPrefix: "in/", AddPrefix: "out/", Targets: []routing.Target{{ID: "dst", Sender: out, MaxAttempts: 3}}})
-	defer route.Close()
+		StripPrefix: "in/", AddPrefix: "out/", Targets: []routing.Target{{ID: "dst", Sender: out, MaxAttempts: 3}},
+		Fence: stamp, Tenure: guard})
 	d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{a}, ClientID: "bridge-in", SessionExpiry: time.Hour, KeepAlive: 30 * time.Second,
+	s, err := mqtt.New(mqtt.Config{Brokers: []string{a}, ClientID: clientID + "-in", SessionExpiry: time.Hour, KeepAlive: 30 * time.Second,
 		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: window,
-		Subscriptions: []mqtt.Subscription{{Filter: "in/#", QoS: 1}}, Handler: d.Handle})
+		Subscriptions: []mqtt.Subscription{{Filter: "in/#", QoS: 1}}, Handler: d.Handle, Tenure: guard})
 	if err != nil {
 		b.Fatal(err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(sctx) }()
-	defer func() { cancel(); <-done }()
 	for s.Level() != mqtt.LevelFull {
 		time.Sleep(5 * time.Millisecond)
 	}
-	for range b.N {
-		run(b, a, dst, "out/#")
+	return func() {
+		cancel()
+		<-done
+		route.Close()
+		_ = out.Close(ctx)
+	}
+}
+
+// BenchmarkFence is the per-message cost of an exclusive session's
+// point-of-action checks (Ownership.Valid, which reads CLOCK_BOOTTIME) and
+// fencing stamps (two MQTT 5 user properties per PUBLISH), side by side in
+// one run: the same MQTT → MQTT path measured plain (as a non-exclusive
+// session runs) and fenced (as a lease tenure runs, under a real lease
+// manager on sqlite), alternating so that both see the same machine.
+//
+//	go test -run '^$' -bench Fence -benchtime 3x ./internal/bridge/bench/
+func BenchmarkFence(b *testing.B) {
+	own := ownership(b)
+	var plain, fenced []result
+	for i := range b.N {
+		for _, f := range []bool{i%2 == 1, i%2 == 0} {
+			a, dst := broker(b), broker(b)
+			var o *lease.Ownership
+			if f {
+				o = own
+			}
+			stop := startBridge(b, a, dst, fmt.Sprintf("bridge-%d-%v", i, f), o)
+			r := measure(b, a, dst, "out/#")
+			stop()
+			if f {
+				fenced = append(fenced, r)
+			} else {
+				plain = append(plain, r)
+			}
+		}
+	}
+	med := func(rs []result, f func(result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	rate := func(r result) float64 { return r.rate }
+	p99 := func(r result) float64 { return r.p99 }
+	b.ReportMetric(med(plain, rate), "plain-msgs/s")
+	b.ReportMetric(med(fenced, rate), "fenced-msgs/s")
+	b.ReportMetric(med(fenced, rate)/med(plain, rate), "throughput-ratio")
+	b.ReportMetric(med(plain, p99), "plain-p99-ms@5k/s")
+	b.ReportMetric(med(fenced, p99), "fenced-p99-ms@5k/s")
+	if !own.Valid() {
+		b.Fatal("the tenure ended during the benchmark: the fenced path stopped acting")
+	}
+}
+
+// ownership runs a lease manager on a sqlite store in a temporary
+// directory and returns its tenure, valid for the benchmark's length.
+func ownership(b *testing.B) *lease.Ownership {
+	b.Helper()
+	st, err := sqlitestore.Open(context.Background(), filepath.Join(b.TempDir(), "lease.db"), sqlitestore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, _, err := failover.ResolveCadence(failover.LeaseConfig{LeaseTTL: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	owned := make(chan *lease.Ownership, 1)
+	m, err := lease.New(lease.Config{Store: st, Session: "bench/s", InstanceID: "bench", Cadence: c,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnOwner: func(o *lease.Ownership) {
+			owned <- o
+			<-o.Stopping()
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; _ = st.Close() })
+	select {
+	case o := <-owned:
+		return o
+	case <-time.After(30 * time.Second):
+		b.Fatal("no lease")
+		return nil
 	}
 }
 

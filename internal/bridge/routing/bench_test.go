@@ -4,27 +4,55 @@ import (
 	"context"
 	"testing"
 
+	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/lease"
 )
 
-// accept accepts every message on the spot.
-type accept struct{}
+// checking accepts every message after the check a real sender makes at
+// its point of action (Message.Withdrawn, which asks the tenure).
+type checking struct{}
 
-func (accept) Send(_ *sender.Message, done func(error)) { done(nil) }
-func (accept) Close(context.Context) error              { return nil }
+func (checking) Send(m *sender.Message, done func(error)) {
+	if m.Withdrawn() {
+		done(sender.ErrWithdrawn)
+		return
+	}
+	done(nil)
+}
+func (checking) Close(context.Context) error { return nil }
+
+// bootTenure is valid while CLOCK_BOOTTIME is before a far deadline: the
+// same clock read as lease.Ownership.Valid.
+type bootTenure struct{ clock lease.BootClock }
+
+func (t bootTenure) Valid() bool { return t.clock.Now().Unix() > 0 }
 
 // BenchmarkDeliver is the route's own cost per message and sender: the
 // bookkeeping that keeps per-topic order across retries, without I/O.
+// "fenced" adds what an exclusive session's tenure costs here per message:
+// the route's tenure check, the sender's, and the stamp (the transport adds
+// two more checks: intake and acknowledgment).
 func BenchmarkDeliver(b *testing.B) {
-	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, Targets: []routing.Target{{ID: "a", Sender: accept{}}}})
-	defer route.Close()
-	m := &mqtt.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := route.Deliver(m, func() {}); err != nil {
-			b.Fatal(err)
-		}
+	for _, c := range []struct {
+		name   string
+		fenced bool
+	}{{"plain", false}, {"fenced", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			cfg := routing.RouteConfig{ID: "r", Filters: []string{"#"}, Targets: []routing.Target{{ID: "a", Sender: checking{}}}}
+			if c.fenced {
+				cfg.Fence, cfg.Tenure = fence.New(42, "b/s"), bootTenure{}
+			}
+			route := routing.NewRoute(cfg)
+			defer route.Close()
+			d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
+			m := &mqtt.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				d.Handle(m, func() {})
+			}
+		})
 	}
 }

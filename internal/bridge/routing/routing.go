@@ -217,10 +217,20 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	}
 	select {
 	case r.slots <- struct{}{}:
-	case <-r.quit:
-		return ErrClosed
+	default:
+		// Full: wait for a slot, then check the tenure again, since the
+		// wait may have outlasted it.
+		select {
+		case r.slots <- struct{}{}:
+		case <-r.quit:
+			return ErrClosed
+		}
+		if !r.valid() {
+			<-r.slots
+			return ErrTenureEnded
+		}
 	}
-	if r.closed.Load() || !r.valid() {
+	if r.closed.Load() {
 		<-r.slots
 		return ErrClosed
 	}
@@ -498,30 +508,18 @@ func (r *Route) WaitIdle(ctx context.Context) error {
 
 // Dispatcher is a session's handler: it hands each message to every route
 // whose receiver matches and acknowledges it when all of them settled.
+//
+// The dispatcher does not check the lease tenure itself: the transport
+// checks it before it calls Handle and before it sends an acknowledgment,
+// and each route before it takes a message (see RouteConfig.Tenure).
 type Dispatcher struct {
 	Session string
 	Routes  []*Route
 	Metrics *metrics.Bridge
-	// Tenure, if set, is checked before a message is taken and before it
-	// is acknowledged: a tenure that ended neither takes nor acknowledges.
-	Tenure fence.Tenure
 }
-
-func (d *Dispatcher) valid() bool { return d.Tenure == nil || d.Tenure.Valid() }
 
 // Handle implements mqtt.Handler.
 func (d *Dispatcher) Handle(m *mqtt.Message, ack func()) {
-	if !d.valid() {
-		return // the tenure ended: left unacknowledged for the next owner
-	}
-	if d.Tenure != nil {
-		raw := ack
-		ack = func() {
-			if d.valid() {
-				raw()
-			}
-		}
-	}
 	var matched []*Route
 	for _, r := range d.Routes {
 		if r.Matches(m.Topic) {

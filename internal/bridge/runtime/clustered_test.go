@@ -131,6 +131,9 @@ type child struct {
 	addr   string
 	stderr *bytes.Buffer
 	mu     *sync.Mutex
+
+	exited   atomic.Bool // its process has been reaped
+	lastRole atomic.Value
 }
 
 func startChild(t *testing.T, cfgPath, addr string) *child {
@@ -167,6 +170,31 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// kill SIGKILLs the child and reaps it: from then on it owns nothing.
+func (c *child) kill(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+	c.exited.Store(true)
+}
+
+// owner reports whether the child may be acting as owner now. A child
+// that does not answer /status while its process is alive (stalled,
+// overloaded) keeps the role it last reported: silence is not proof that
+// it stopped owning. Only a reaped process owns nothing.
+func (c *child) owner() bool {
+	if c.exited.Load() {
+		return false
+	}
+	if r := c.role(); r != "" {
+		return strings.HasPrefix(r, "owner")
+	}
+	last, _ := c.lastRole.Load().(string)
+	return strings.HasPrefix(last, "owner")
+}
+
 // role is the child's session role and level from /status, "" when it
 // does not answer.
 func (c *child) role() string {
@@ -180,15 +208,47 @@ func (c *child) role() string {
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Sessions) == 0 {
 		return ""
 	}
-	return st.Sessions[0].Role + "/" + st.Sessions[0].ServiceLevel
+	r := st.Sessions[0].Role + "/" + st.Sessions[0].ServiceLevel
+	c.lastRole.Store(r)
+	return r
 }
 
-// startClustered runs instance id in this process on cfg.
-func startClustered(t *testing.T, cfg *config.Config) *instance {
+// eventLog keeps every lease event of an in-process instance, so that a
+// "never two owners" check reads the whole interval, not one instant.
+type eventLog struct {
+	mu     sync.Mutex
+	events []lease.Event
+}
+
+func (l *eventLog) add(_ string, e lease.Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+// firstAcquired is when the first EventAcquired happened (zero if none).
+func (l *eventLog) firstAcquired() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.events {
+		if e.Kind == lease.EventAcquired {
+			return e.Time
+		}
+	}
+	return time.Time{}
+}
+
+// startClustered runs instance id in this process on cfg; events, if set,
+// receives its lease events.
+func startClustered(t *testing.T, cfg *config.Config, events *eventLog) *instance {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("test_instance", cfg.Bridge.InstanceID)
-	b, err := runtime.New(context.Background(), cfg, runtime.Options{Logger: log, Registerer: reg})
+	opts := runtime.Options{Logger: log, Registerer: reg}
+	if events != nil {
+		opts.OnLeaseEvent = events.add
+	}
+	b, err := runtime.New(context.Background(), cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,17 +288,21 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	a := startChild(t, pathA, addrA)
 	waitFor(t, "a owns and serves", func() bool { return a.role() == "owner/full" })
 	_, cfgB := clusteredConfig(t, dir, "b", "off", storeYAML, br.URL, sk.srv.URL)
-	bb := startClustered(t, cfgB)
+	events := &eventLog{}
+	bb := startClustered(t, cfgB, events)
 	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
 
-	// Watch for two owners at once until the end of the test.
+	// Watch for two owners at once until the end of the test. A child
+	// that stops answering keeps its last role (see child.owner), so the
+	// watcher can fire; the event stream check below covers what falls
+	// between its samples.
 	var both atomic.Int32
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
 		for watchCtx.Err() == nil {
-			if strings.HasPrefix(role(bb), "owner") && strings.HasPrefix(a.role(), "owner") {
+			if strings.HasPrefix(role(bb), "owner") && a.owner() {
 				both.Add(1)
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -258,10 +322,8 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	pub(t, p, 0, 50)
 	waitFor(t, "first 50", func() bool { return sk.has(50) })
 
-	if err := a.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = a.cmd.Wait()
+	killedAt := time.Now()
+	a.kill(t)
 	pub(t, p, 50, 100) // queued in the broker session until b resumes it
 	if r := role(bb); r != "standby/none" {
 		t.Fatalf("b is %s before the lease could expire: the messages did not queue", r)
@@ -279,6 +341,11 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	}
 	if n := both.Load(); n != 0 {
 		t.Fatalf("both instances reported owner in %d observations", n)
+	}
+	// Over the whole interval: b's lease events hold no acquisition before
+	// a was killed (a owned from before b started until the kill).
+	if at := events.firstAcquired(); at.IsZero() || at.Before(killedAt) {
+		t.Fatalf("b acquired at %v, a was killed at %v", at, killedAt)
 	}
 }
 
@@ -339,4 +406,23 @@ func startEtcd(t *testing.T) string {
 		t.Fatal("etcd not ready after 30s")
 	}
 	return client.String()
+}
+
+// The two-owner watcher can fire: a child that owned and then stops
+// answering (stalled, not dead) still counts as owner; only a reaped one
+// does not.
+func TestSilentChildStillCountsAsOwner(t *testing.T) {
+	dead, err := embroker.FreePort() // nobody answers there
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &child{addr: dead}
+	c.lastRole.Store("owner/full")
+	if !c.owner() {
+		t.Fatal("a silent live child that last reported owner reads as not owner")
+	}
+	c.exited.Store(true)
+	if c.owner() {
+		t.Fatal("a reaped child reads as owner")
+	}
 }

@@ -49,6 +49,7 @@ type Bridge struct {
 	dl         *routing.DeadLetter
 	store      lease.Store
 	runners    []*runner
+	onEvent    func(session string, e lease.Event)
 }
 
 // Options are what the process adds to the configuration.
@@ -59,6 +60,11 @@ type Options struct {
 	// default (CLOCK_BOOTTIME on Linux). Tests jump it to freeze an owner
 	// through its deadline (lease.JumpClock).
 	Clock lease.Clock
+	// OnLeaseEvent, if set, receives every lease event of every exclusive
+	// session (config session id and the event), in order per session,
+	// from the goroutine that consumes the manager's events; it must not
+	// block. Tests and the lab read ownership intervals from it.
+	OnLeaseEvent func(session string, e lease.Event)
 }
 
 // New opens the senders and the lease store. Nothing connects to a source
@@ -68,7 +74,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Bridge, error)
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &Bridge{cfg: cfg, log: log, reg: opts.Registerer, met: metrics.New(opts.Registerer), instanceID: cfg.Bridge.InstanceID}
+	b := &Bridge{cfg: cfg, log: log, reg: opts.Registerer, met: metrics.New(opts.Registerer), instanceID: cfg.Bridge.InstanceID,
+		onEvent: opts.OnLeaseEvent}
 	if b.instanceID == "" {
 		b.instanceID = defaultInstanceID()
 	}
@@ -337,6 +344,9 @@ func (r *runner) run(ctx, hard context.Context) error {
 			case <-stop:
 				return
 			case e := <-r.manager.Events():
+				if r.b.onEvent != nil {
+					r.b.onEvent(r.sess.ID, e)
+				}
 				if e.Kind != lease.EventRenewed {
 					r.mu.Lock()
 					r.lastEvent = e.Kind.String()
@@ -437,7 +447,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		r.log.Error("TLS configuration", "err", err)
 		return
 	}
-	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met, Tenure: guard}
+	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met}
 	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
