@@ -7,8 +7,12 @@ TESTFLAGS ?=
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
 # print budget against measured failure-to-full, losses and duplicates.
+# LAB adds lab flags, e.g. LAB="--scenarios all --store etcd" for the owner
+# scenarios (SIGSTOP, store partition, unreachable broker; ~2 minutes) or
+# LAB="--broker mosquitto --broker-queue-limit 1000 --rate 250".
+LAB ?=
 demo:
-	$(GO) run ./cmd/myriarch-bridge lab
+	$(GO) run ./cmd/myriarch-bridge lab $(LAB)
 
 # The failover arithmetic of both daemons at their defaults.
 budgets:

@@ -121,6 +121,10 @@ func sessionReports(cfg *config.Config) []disclose.BridgeReport {
 		}
 		rep := disclose.NewBridgeReport(*a)
 		rep.SessionID = s.ID
+		if q, ok := cfg.QueueRoom[s.ID]; ok {
+			// A refusal is already among the config's problems.
+			rep.WithQueueRoom(q)
+		}
 		out = append(out, rep)
 	}
 	if out == nil {

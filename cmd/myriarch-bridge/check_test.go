@@ -63,3 +63,17 @@ func TestCheckRefusedExitsTwo(t *testing.T) {
 		t.Fatalf("stderr: %s", stderr)
 	}
 }
+
+// TestCheckQueueRoom: a declared peak rate that the broker's default queue
+// cannot hold through the worst-case failover is refused, with the
+// messages at risk disclosed.
+func TestCheckQueueRoom(t *testing.T) {
+	m, stderr, code := runCheckOn(t, "120s, peak_message_rate: 250")
+	if code != 2 || m["admitted"] != false || !strings.Contains(stderr, "sessions[0].broker_max_queued_messages: (assumed") {
+		t.Fatalf("code %d: %v\n%s", code, m, stderr)
+	}
+	s := m["sessions"].([]any)[0].(map[string]any)
+	if s["messages_at_risk"] == nil || s["messages_at_risk"].(float64) <= 1000 || s["admitted"] != false {
+		t.Fatalf("session report: %v", s)
+	}
+}

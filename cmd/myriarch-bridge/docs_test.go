@@ -16,8 +16,7 @@ func TestDocsQuoteLabBudgets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	y := strings.NewReplacer("{{INSTANCE}}", "a", "{{HTTP}}", "127.0.0.1:1", "{{DIR}}", t.TempDir(), "{{BROKER}}", "tcp://127.0.0.1:1", "{{SINK}}", "tcp://127.0.0.1:1").Replace(lab.Config)
-	cfg, err := config.Parse("lab.yaml", []byte(y))
+	cfg, err := config.Parse("lab.yaml", []byte(lab.RenderConfig(t.TempDir())))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/myriarch/myriarch/internal/bridge/lab"
+	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // TestMain lets the lab start this test binary as a bridge process.
@@ -18,33 +20,96 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestLab runs both failover scenarios with real bridge processes: the
-// successor must serve, nothing may be lost, and the broker-path owner
-// must exit with the step-down status.
+// need skips a test whose component is missing, and fails it under CI=true.
+func need(t *testing.T, what string, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is required under CI=true: %v", what, err)
+	}
+	t.Skipf("%s not available: %v", what, err)
+}
+
+// TestLab runs every failover scenario once with real bridge processes on
+// each lease store, and once against a real mosquitto (so that zero loss
+// does not rest on the embedded broker's patches): the successor must
+// serve within budget, nothing may be lost, duplicates stay within the
+// in-flight window, no stale owner's delivery may reach the sink after the
+// successor's first, no resumed owner may reconnect, and the lease store's
+// history may never show two owners.
 func TestLab(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs two bridge processes through two failovers (~30s)")
+		t.Skip("runs bridge processes through every failover scenario on four setups (~2 minutes)")
 	}
 	labExec = func(args ...string) *exec.Cmd {
 		c := exec.Command(os.Args[0], args...)
 		c.Env = append(os.Environ(), "MYRIARCH_BRIDGE_TEST_MAIN=1")
 		return c
 	}
-	var out, errb bytes.Buffer
-	code := commands.Dispatch([]string{"lab", "--json", "--rate", "100"}, &out, &errb)
-	var rep lab.Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("exit %d, not JSON: %v\n%s\n%s", code, err, out.String(), errb.String())
-	}
-	if code != 0 || len(rep.Scenarios) != 2 {
-		t.Fatalf("exit %d: %+v\n%s", code, rep, errb.String())
-	}
-	for _, r := range rep.Scenarios {
-		if r.Lost != 0 || r.MessagesPublished == 0 || r.FailureToFullS <= 0 || !r.WithinBudget {
-			t.Errorf("%+v", r)
-		}
-	}
-	if rep.Scenarios[1].OwnerExitCode != exitStepDown {
-		t.Errorf("broker-path owner exited %d, want %d", rep.Scenarios[1].OwnerExitCode, exitStepDown)
+	for _, tc := range []struct {
+		name, store string
+		mosquitto   bool
+	}{
+		{"sqlite", lab.StoreSQLite, false},
+		{"postgres", lab.StorePostgres, false},
+		{"etcd", lab.StoreEtcd, false},
+		{"mosquitto", lab.StoreEtcd, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			scenarios := "all"
+			if tc.store == lab.StoreSQLite {
+				// Not owner_sigstop: an owner frozen inside its renew
+				// transaction holds sqlite's write lock, and no other
+				// instance can take the lease until it is resumed (a
+				// limitation of the sqlite store that docs/bridge.md
+				// states with the lab's measured frequency).
+				scenarios = strings.Join([]string{lab.OwnerSIGKILL, lab.OwnerBrokerPathBlackhole, lab.OwnerStorePartition, lab.OwnerBrokerUnreachable}, ",")
+			}
+			args := []string{"lab", "--json", "--rate", "100", "--scenarios", scenarios, "--store", tc.store}
+			if tc.store == lab.StorePostgres {
+				_, err := pgtest.BinDir()
+				need(t, "PostgreSQL", err)
+			}
+			if tc.mosquitto {
+				_, err := lab.MosquittoPath()
+				need(t, "mosquitto", err)
+				// Queue room for the whole failover (see docs/bridge.md).
+				args = append(args, "--broker", "mosquitto:100000")
+			}
+			var out, errb bytes.Buffer
+			code := commands.Dispatch(args, &out, &errb)
+			var rep lab.Report
+			if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+				t.Fatalf("exit %d, not JSON: %v\n%s\n%s", code, err, out.String(), errb.String())
+			}
+			want := len(lab.AllScenarios)
+			if tc.store == lab.StoreSQLite {
+				want -= 2
+				if len(rep.Skipped) != 1 {
+					t.Errorf("skipped %q, want owner_store_partition only", rep.Skipped)
+				}
+			}
+			if len(rep.Scenarios) != want {
+				t.Fatalf("exit %d: %d rounds, want %d\n%s", code, len(rep.Scenarios), want, errb.String())
+			}
+			for _, r := range rep.Scenarios {
+				if !r.Pass || r.Lost != 0 || r.MessagesPublished == 0 || r.FailureToFullS <= 0 || r.FaultToFirstDeliveryS <= 0 ||
+					r.Duplicates > r.DuplicateBound || r.StaleDeliveries != 0 || r.TwoOwners || r.NewVersion <= r.OldVersion {
+					t.Errorf("%s: %+v", r.Scenario, r)
+				}
+				if r.Scenario == lab.OwnerBrokerPathBlackhole && (r.OwnerExitCode == nil || *r.OwnerExitCode != exitStepDown) {
+					t.Errorf("broker-path owner exited %v, want %d", r.OwnerExitCode, exitStepDown)
+				}
+			}
+			if len(rep.StoreAnomalies) != 0 || rep.StoreHistory == 0 {
+				t.Errorf("lease store history: %d transitions, anomalies %q", rep.StoreHistory, rep.StoreAnomalies)
+			}
+			if code != 0 {
+				t.Errorf("exit %d\n%s", code, errb.String())
+			}
+		})
 	}
 }

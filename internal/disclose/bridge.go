@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -40,10 +41,18 @@ type BridgeReport struct {
 	BrokerPathBudget     *float64 `json:"broker_path_budget_s"`
 	BrokerPathFailover   string   `json:"broker_path_failover"`
 	FailoverSLO          *float64 `json:"failover_slo_s"`
-	Admitted             bool     `json:"admitted"`
-	Errors               []string `json:"errors"`
-	Warnings             []string `json:"warnings"`
-	assessment           failover.Assessment
+	// Queue room: the declared peak rate (msg/s), the broker's
+	// per-session queue limit (0 unlimited; assumed when not declared)
+	// and rate × worst-case budget; null when no rate is declared.
+	PeakMessageRate         *float64 `json:"peak_message_rate"`
+	BrokerMaxQueuedMessages *int     `json:"broker_max_queued_messages"`
+	BrokerQueueLimitAssumed bool     `json:"broker_queue_limit_assumed"`
+	MessagesAtRisk          *int64   `json:"messages_at_risk"`
+	QueueRoom               string   `json:"queue_room"`
+	Admitted                bool     `json:"admitted"`
+	Errors                  []string `json:"errors"`
+	Warnings                []string `json:"warnings"`
+	assessment              failover.Assessment
 }
 
 func secs(d time.Duration) *float64 {
@@ -97,7 +106,37 @@ func NewBridgeReport(a failover.Assessment) BridgeReport {
 		r.BrokerPathBudget = secs(a.BrokerPath.Total)
 	}
 	r.BrokerPathFailover = brokerPathStance(a)
+	r.QueueRoom = failover.QueueRoom{}.String()
 	return r
+}
+
+// WorstBudget is the larger of the owner-death and broker-path budgets:
+// the longest time nobody consumes the session.
+func WorstBudget(a failover.Assessment) time.Duration {
+	var w time.Duration
+	if a.OwnerDeath != nil {
+		w = a.OwnerDeath.Total
+	}
+	if a.BrokerPath != nil {
+		w = max(w, a.BrokerPath.Total)
+	}
+	return w
+}
+
+// WithQueueRoom adds the queue-room admission; a queue that cannot hold
+// the messages at risk refuses the report.
+func (r *BridgeReport) WithQueueRoom(q failover.QueueRoom) {
+	r.QueueRoom = q.String()
+	if q.PeakRate <= 0 {
+		return
+	}
+	rate, limit, risk := q.PeakRate, q.Limit, q.AtRisk
+	r.PeakMessageRate, r.BrokerMaxQueuedMessages, r.MessagesAtRisk = &rate, &limit, &risk
+	r.BrokerQueueLimitAssumed = q.LimitAssumed
+	if q.Err != nil {
+		r.Admitted = false
+		r.Errors = append(r.Errors, q.Err.Error())
+	}
 }
 
 // Seconds formats d as seconds with no trailing zeros, e.g. "1097.5s".
@@ -129,6 +168,7 @@ type BridgeFlags struct {
 	fs                                                                  *flag.FlagSet
 	mode, ttl, interval, jitter, callTimeout, poll, mrf, grace, startup *string
 	connect, reconcile, unmatched, brokerHealth, slo                    *string
+	peakRate, queueLimit                                                *string
 	JSON                                                                *bool
 }
 
@@ -152,6 +192,8 @@ func NewBridgeFlags(name string, output io.Writer) *BridgeFlags {
 	f.unmatched = fs.String("unmatched-grace", failover.DefaultMQTTUnmatchedGrace.String(), "MQTT unmatched_grace")
 	f.brokerHealth = fs.String("broker-health-step-down", "", `"off" or a positive duration; omitted means undeclared`)
 	f.slo = fs.String("failover-slo", "", "declared failover objective (Go duration)")
+	f.peakRate = fs.String("peak-message-rate", "", "declared peak message rate into the session (msg/s): discloses the messages at risk, rate × worst-case budget")
+	f.queueLimit = fs.String("broker-max-queued-messages", "", fmt.Sprintf("the broker's per-session queue limit (0 unlimited); omitted with a rate means %d, the default of mosquitto, EMQX and HiveMQ", failover.DefaultBrokerQueueLimit))
 	f.JSON = fs.Bool("json", false, "print the stable JSON object")
 	return f
 }
@@ -223,6 +265,33 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 	return p, errs, nil
 }
 
+// AddQueueRoom parses --peak-message-rate and --broker-max-queued-messages
+// and adds the queue-room admission to r; a bad value refuses r.
+func (f *BridgeFlags) AddQueueRoom(r *BridgeReport) {
+	var errs []string
+	rate, limit := 0.0, -1
+	if *f.peakRate != "" {
+		v, err := strconv.ParseFloat(*f.peakRate, 64)
+		if err != nil || v <= 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			errs = append(errs, fmt.Sprintf("--peak-message-rate (peak_message_rate): %q: must be a positive number of messages per second", *f.peakRate))
+		}
+		rate = v
+	}
+	if *f.queueLimit != "" {
+		n, err := strconv.Atoi(*f.queueLimit)
+		if err != nil || n < 0 {
+			errs = append(errs, fmt.Sprintf("--broker-max-queued-messages (broker_max_queued_messages): %q: must be 0 (unlimited) or a positive integer", *f.queueLimit))
+		}
+		limit = n
+	}
+	if len(errs) > 0 {
+		r.Admitted = false
+		r.Errors = append(r.Errors, errs...)
+		return
+	}
+	r.WithQueueRoom(failover.AssessQueueRoom(rate, limit, WorstBudget(r.assessment)))
+}
+
 // BridgeBudget assesses the flags' policy; input errors refuse it.
 func BridgeBudget(p failover.SessionPolicy, inputErrs []string) BridgeReport {
 	if len(inputErrs) > 0 {
@@ -281,6 +350,7 @@ func WriteBridgeTable(w io.Writer, r BridgeReport) {
 	} else {
 		fmt.Fprintln(tw, "failover_slo: not declared")
 	}
+	fmt.Fprintf(tw, "queue room: %s\n", r.QueueRoom)
 	verdict := "admitted"
 	if !r.Admitted {
 		verdict = "NOT admitted"

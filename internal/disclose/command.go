@@ -53,6 +53,7 @@ func RunBridgeBudget(args []string, stdout, stderr io.Writer) int {
 		return exitRefused
 	}
 	r := BridgeBudget(p, inputErrs)
+	f.AddQueueRoom(&r)
 	if *f.JSON {
 		writeJSON(stdout, r)
 	} else {

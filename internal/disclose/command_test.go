@@ -129,3 +129,26 @@ func TestLeaderBudgetJSON(t *testing.T) {
 		t.Fatalf("T=9s: exit %d, stdout %q stderr %q", code, out.String(), errOut.String())
 	}
 }
+
+// TestBridgeBudgetQueueRoom: budget discloses rate × worst-case budget and
+// refuses a broker queue that cannot hold it.
+func TestBridgeBudgetQueueRoom(t *testing.T) {
+	base := []string{"--deployment-mode", "clustered", "--broker-health-step-down", "60s", "--peak-message-rate", "200"}
+	m, stderr, code := runBridge(t, base...)
+	if code != 2 || m["admitted"] != false || m["messages_at_risk"] != 70000.0 || m["broker_max_queued_messages"] != 1000.0 || m["broker_queue_limit_assumed"] != true ||
+		!strings.Contains(stderr, "broker_max_queued_messages: 1000: (assumed") || !strings.Contains(stderr, "= 70000 messages") {
+		t.Errorf("assumed default queue: exit %d, %v\n%s", code, m, stderr)
+	}
+	m, stderr, code = runBridge(t, append(base, "--broker-max-queued-messages", "70000")...)
+	if code != 0 || m["admitted"] != true || m["messages_at_risk"] != 70000.0 || !strings.Contains(m["queue_room"].(string), "fits") {
+		t.Errorf("room for 70000: exit %d, %v\n%s", code, m, stderr)
+	}
+	m, _, code = runBridge(t, "--deployment-mode", "clustered")
+	if code != 0 || m["messages_at_risk"] != nil || !strings.Contains(m["queue_room"].(string), "not declared") {
+		t.Errorf("no rate: exit %d, %v", code, m)
+	}
+	_, stderr, code = runBridge(t, "--peak-message-rate", "-1", "--broker-max-queued-messages", "lots")
+	if code != 2 || !strings.Contains(stderr, `--peak-message-rate (peak_message_rate): "-1"`) || !strings.Contains(stderr, `--broker-max-queued-messages (broker_max_queued_messages): "lots"`) {
+		t.Errorf("bad values: exit %d\n%s", code, stderr)
+	}
+}

@@ -26,6 +26,7 @@ import (
 // Tables maps each table name to its renderer.
 var Tables = map[string]func() (string, error){
 	"bridge-profiles":   bridgeProfiles,
+	"bridge-queue-room": bridgeQueueRoom,
 	"bridge-terms":      bridgeTerms,
 	"leader-budget":     leaderBudget,
 	"leader-params":     leaderParams,
@@ -243,6 +244,48 @@ func terminationGrace() (string, error) {
 			return "", fmt.Errorf("%v", r.Errors)
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", secs(c.pre), secs(c.sd), secs(time.Duration(*r.TerminationGracePeriod*float64(time.Second))))
+	}
+	return b.String(), nil
+}
+
+// queueRoomStepDown is the broker_health_step_down of the queue-room table:
+// the value `make budgets` shows for the clustered profile.
+const queueRoomStepDown = 60 * time.Second
+
+// queueRoomRates are the peak rates of the queue-room table, in msg/s.
+var queueRoomRates = []float64{10, 100, 200, 1000}
+
+// bridgeQueueRoom: the messages at risk (rate × worst-case budget) at the
+// default profiles, and the highest rate that a broker's default queue of
+// DefaultBrokerQueueLimit messages holds through the worst-case failover.
+func bridgeQueueRoom() (string, error) {
+	var b strings.Builder
+	b.WriteString("| Profile (broker_health_step_down 60s) | Worst-case budget |")
+	for _, r := range queueRoomRates {
+		fmt.Fprintf(&b, " at %v msg/s |", r)
+	}
+	fmt.Fprintf(&b, " Highest rate a %d-message queue holds |\n|---|---|", failover.DefaultBrokerQueueLimit)
+	b.WriteString(strings.Repeat("---|", len(queueRoomRates)+1) + "\n")
+	for _, p := range profiles {
+		bh, _ := failover.BrokerHealthAfter(queueRoomStepDown)
+		r := disclose.NewBridgeReport(failover.Assess(failover.SessionPolicy{
+			Lease: failover.LeaseConfig{DeploymentMode: p.mode}, BrokerHealthStepDown: bh, Activation: mqttDefaults(),
+		}))
+		if !r.Admitted {
+			return "", fmt.Errorf("profile %s refused: %v", p.mode, r.Errors)
+		}
+		worst := disclose.WorstBudget(r.Assessment())
+		fmt.Fprintf(&b, "| %s | %s |", p.label, secs(worst))
+		for _, rate := range queueRoomRates {
+			fmt.Fprintf(&b, " %d |", failover.MessagesAtRisk(rate, worst))
+		}
+		// The largest rate whose messages at risk fit the default queue, to
+		// the hundredth of a message per second.
+		h := int64(float64(failover.DefaultBrokerQueueLimit) / worst.Seconds() * 100)
+		for h > 0 && failover.MessagesAtRisk(float64(h)/100, worst) > failover.DefaultBrokerQueueLimit {
+			h--
+		}
+		fmt.Fprintf(&b, " %s msg/s |\n", strconv.FormatFloat(float64(h)/100, 'f', -1, 64))
 	}
 	return b.String(), nil
 }

@@ -68,3 +68,18 @@ func TestUpdateRejectsUnknownAndMismatchedBlocks(t *testing.T) {
 		t.Fatal(Blocks(got))
 	}
 }
+
+// The queue-room table: rate × worst-case budget at the defaults.
+func TestQueueRoomTable(t *testing.T) {
+	s, err := bridgeQueueRoom()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Standalone: owner death 1097.5s is the worst; clustered: the broker
+	// path, 60s + 290s = 350s.
+	for _, want := range []string{"| 1097.5s | 10975 | 109750 | 219500 | 1097500 | 0.91 msg/s |", "| 350s | 3500 | 35000 | 70000 | 350000 | 2.85 msg/s |"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("missing %q in\n%s", want, s)
+		}
+	}
+}

@@ -18,6 +18,9 @@ type Config struct {
 	// Exclusive is the canonical, admitted policy of every exclusive
 	// session that a route uses, sorted by session ID.
 	Exclusive []failover.CanonicalSession
+	// QueueRoom is the queue-room admission of each admitted exclusive
+	// session, by session ID.
+	QueueRoom map[string]failover.QueueRoom
 	Warnings  []string
 }
 
@@ -116,6 +119,9 @@ type SessionSettings struct {
 	Activation            failover.Activation
 	// ConnectAfterLease is the routes' connect_after_lease (exclusive only).
 	ConnectAfterLease bool
+	// BrokerMaxQueuedMessages is the broker's per-session queue limit as
+	// declared: -1 not declared, 0 unlimited.
+	BrokerMaxQueuedMessages int
 }
 
 // ReceiverSettings is a set of subscriptions on one session.
@@ -172,6 +178,8 @@ type RouteSettings struct {
 	AddPrefix   string
 	// Policy is set when the session is exclusive.
 	Policy *failover.SessionPolicy
+	// PeakMessageRate is the declared peak rate in msg/s; 0 undeclared.
+	PeakMessageRate float64
 }
 
 // Session returns the session with the given ID.

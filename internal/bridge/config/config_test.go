@@ -121,6 +121,14 @@ func TestBadConfigs(t *testing.T) {
 		{"zero activation step", []string{"unmatched_grace: 1s", "unmatched_grace: 0s"}, []string{`sessions[0].unmatched_grace: "0s": must be a positive duration`}},
 		{"session expiry shorter than budget", []string{"client_id: plant-bridge", "client_id: plant-bridge\n    session_expiry_interval: 10s"},
 			[]string{`sessions[0].session_expiry_interval: "10s": must be at least the worst-case failover budget`}},
+		{"queue room below the messages at risk", []string{"    failover_slo: 120s\n", "    failover_slo: 120s\n    peak_message_rate: 500\n"},
+			[]string{`sessions[0].broker_max_queued_messages: (assumed: the default of mosquitto, EMQX and HiveMQ; declare the broker's real limit) cannot hold the messages at risk: peak_message_rate 500 msg/s × worst-case failover budget`}},
+		{"declared queue room too small", []string{"    failover_slo: 120s\n", "    failover_slo: 120s\n    peak_message_rate: 500\n", "unmatched_grace: 1s", "unmatched_grace: 1s\n    broker_max_queued_messages: 20000"},
+			[]string{`sessions[0].broker_max_queued_messages: 20000: (declared) cannot hold the messages at risk`}},
+		{"bad queue declarations", []string{"    failover_slo: 120s\n", "    failover_slo: 120s\n    peak_message_rate: -5\n", "unmatched_grace: 1s", "unmatched_grace: 1s\n    broker_max_queued_messages: -1"},
+			[]string{`routes[0].peak_message_rate: -5: must be a positive number of messages per second`, `sessions[0].broker_max_queued_messages: -1: must be 0 (the broker queues without limit) or a positive number`}},
+		{"peak rate on a non-exclusive session", []string{"session_mode: exclusive", "session_mode: persistent", "    failover_slo: 120s\n", "    failover_slo: 120s\n    peak_message_rate: 5\n"},
+			[]string{`routes[0].peak_message_rate: "5": applies only to routes on an exclusive session`}},
 		{"missing password env", []string{"client_id: plant-bridge", "client_id: plant-bridge\n    username: u\n    password_env: MYRIARCH_NOPE_NOT_SET"},
 			[]string{`sessions[0].password_env: "MYRIARCH_NOPE_NOT_SET": names an environment variable that is not set`}},
 		{"duplicate ids", []string{"  - id: archive\n", "  - id: archive\n    type: file\n    file: {path: /tmp/x}\n  - id: archive\n"},
@@ -212,4 +220,33 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("empty error")
 		}
 	})
+}
+
+// TestQueueRoom: the messages at risk are the peak rate times the worst
+// failover budget, and a queue that holds them (or no limit) is admitted.
+func TestQueueRoom(t *testing.T) {
+	for _, c := range []struct {
+		limit  string
+		want   int
+		assume bool
+	}{{"", 1000, true}, {"\n    broker_max_queued_messages: 0", 0, false}, {"\n    broker_max_queued_messages: 5000", 5000, false}} {
+		cfg, err := Parse("q.yaml", []byte(edit(t, "    failover_slo: 120s\n", "    failover_slo: 120s\n    peak_message_rate: 10\n", "unmatched_grace: 1s", "unmatched_grace: 1s"+c.limit)))
+		if err != nil {
+			t.Fatalf("limit %q: %v", c.limit, err)
+		}
+		a := cfg.Exclusive[0].Assessment
+		worst := max(a.OwnerDeath.Total, a.BrokerPath.Total)
+		q := cfg.QueueRoom["plant"]
+		want := int64(10*worst.Seconds() + 0.999999)
+		if q.AtRisk != want || q.Budget != worst || q.Limit != c.want || q.LimitAssumed != c.assume || q.Err != nil || q.PeakRate != 10 {
+			t.Errorf("limit %q: %+v, want %d at risk over %v", c.limit, q, want, worst)
+		}
+	}
+	cfg, err := Parse("good.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := cfg.QueueRoom["plant"]; q.PeakRate != 0 || q.AtRisk != 0 || q.Err != nil {
+		t.Errorf("undeclared rate: %+v", q)
+	}
 }

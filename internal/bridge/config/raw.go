@@ -68,6 +68,9 @@ type Session struct {
 	ReconcileTimeout      string   `yaml:"reconcile_timeout"`
 	UnmatchedGrace        string   `yaml:"unmatched_grace"`
 	ReceiveMaximum        int      `yaml:"receive_maximum"`
+	// BrokerMaxQueuedMessages is the broker's per-session queue limit
+	// (mosquitto max_queued_messages); 0 means unlimited.
+	BrokerMaxQueuedMessages *int `yaml:"broker_max_queued_messages"`
 }
 
 // TLS configures a client TLS connection.
@@ -171,6 +174,9 @@ type Route struct {
 	FailoverSLO          string `yaml:"failover_slo"`
 	BrokerHealthStepDown string `yaml:"broker_health_step_down"`
 	StartupAllowance     string `yaml:"startup_allowance"`
+	// PeakMessageRate is the route's peak message rate (msg/s), for the
+	// queue-room admission of its exclusive session.
+	PeakMessageRate float64 `yaml:"peak_message_rate"`
 }
 
 // Rewrite replaces a topic prefix.

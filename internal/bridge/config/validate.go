@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -332,6 +333,14 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		if s.ReceiveMaximum < 1 || s.ReceiveMaximum > maxReceiveMaximum {
 			v.add(p+".receive_maximum", r.ReceiveMaximum, "must be within [1, 65535]")
 		}
+		s.BrokerMaxQueuedMessages = -1
+		if q := r.BrokerMaxQueuedMessages; q != nil {
+			s.BrokerMaxQueuedMessages = *q
+			if *q < 0 {
+				v.add(p+".broker_max_queued_messages", *q, "must be 0 (the broker queues without limit) or a positive number of messages")
+				s.BrokerMaxQueuedMessages = -1
+			}
+		}
 		s.ConnectAfterLease = true
 		cfg.Sessions = append(cfg.Sessions, s)
 	}
@@ -523,7 +532,11 @@ func (v *validator) routes(f *File, cfg *Config) {
 	for i, r := range f.Routes {
 		p := fmt.Sprintf("routes[%d]", i)
 		v.id(p+".id", r.ID, seen)
-		rs := RouteSettings{ID: r.ID, Receiver: r.Receiver, Senders: r.Senders, MaxInFlight: r.MaxInFlight}
+		rs := RouteSettings{ID: r.ID, Receiver: r.Receiver, Senders: r.Senders, MaxInFlight: r.MaxInFlight, PeakMessageRate: r.PeakMessageRate}
+		if r.PeakMessageRate < 0 || math.IsNaN(r.PeakMessageRate) || math.IsInf(r.PeakMessageRate, 0) {
+			v.add(p+".peak_message_rate", r.PeakMessageRate, "must be a positive number of messages per second, or omitted")
+			rs.PeakMessageRate = 0
+		}
 		recv := cfg.Receiver(r.Receiver)
 		if r.Receiver == "" {
 			v.add(p+".receiver", nil, "is required")
@@ -580,6 +593,10 @@ func (v *validator) routes(f *File, cfg *Config) {
 			}
 			if r.ConnectAfterLease != nil {
 				keys = append(keys, "connect_after_lease")
+			}
+			if r.PeakMessageRate != 0 {
+				keys = append(keys, "peak_message_rate")
+				leaseKeys["peak_message_rate"] = strconv.FormatFloat(r.PeakMessageRate, 'g', -1, 64)
 			}
 			for _, k := range keys {
 				v.add(p+"."+k, leaseKeys[k], "applies only to routes on an exclusive session; session %q is %s", sess.ID, sess.Mode)
@@ -707,6 +724,35 @@ func (v *validator) admit(cfg *Config) {
 		if s != nil && s.SessionExpiryInterval < worst {
 			v.add(fmt.Sprintf("sessions[%d].session_expiry_interval", idx), s.SessionExpiryInterval.String(),
 				"must be at least the worst-case failover budget (%v), or the broker discards the queued messages before the successor resumes the session", worst)
+		}
+		// The queue must hold what arrives while nobody consumes the
+		// session, or the broker drops it silently.
+		if s != nil {
+			perReceiver := map[string]float64{}
+			for _, rt := range cfg.Routes {
+				if rt.Session == s.ID {
+					// Routes that share a receiver see the same messages.
+					perReceiver[rt.Receiver] = max(perReceiver[rt.Receiver], rt.PeakMessageRate)
+				}
+			}
+			rate := 0.0
+			for _, r := range perReceiver {
+				rate += r
+			}
+			q := failover.AssessQueueRoom(rate, s.BrokerMaxQueuedMessages, worst)
+			if cfg.QueueRoom == nil {
+				cfg.QueueRoom = map[string]failover.QueueRoom{}
+			}
+			cfg.QueueRoom[s.ID] = q
+			var fe *failover.FieldError
+			if errors.As(q.Err, &fe) {
+				path := fmt.Sprintf("sessions[%d].broker_max_queued_messages", idx)
+				var val any = q.Limit
+				if q.LimitAssumed {
+					val = nil
+				}
+				v.add(path, val, "%s", fe.Rule)
+			}
 		}
 	}
 }

@@ -10,11 +10,14 @@ import (
 // Proxy forwards TCP connections to a target. Blackhole makes it swallow
 // every byte in both directions without closing anything — no FIN, no
 // RST — which is what a lost route looks like to both ends: only
-// keepalives notice.
+// keepalives notice. Refuse makes it close every new connection at once,
+// the way a firewall's reject or a broker's ACL looks to a client.
 type Proxy struct {
-	l      net.Listener
-	target string
-	hole   atomic.Bool
+	l        net.Listener
+	target   string
+	hole     atomic.Bool
+	refuse   atomic.Bool
+	accepted atomic.Int64
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -39,6 +42,14 @@ func (p *Proxy) Addr() string { return p.l.Addr().String() }
 // Blackhole starts (true) or ends (false) swallowing traffic.
 func (p *Proxy) Blackhole(on bool) { p.hole.Store(on) }
 
+// Refuse starts (true) or ends (false) closing new connections at once.
+func (p *Proxy) Refuse(on bool) { p.refuse.Store(on) }
+
+// Accepted is how many connections the proxy accepted so far, refused ones
+// included: through a proxy that only one client uses, a count that grows
+// is that client reconnecting.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
+
 func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -55,6 +66,11 @@ func (p *Proxy) accept() {
 		c, err := p.l.Accept()
 		if err != nil {
 			return
+		}
+		p.accepted.Add(1)
+		if p.refuse.Load() {
+			_ = c.Close()
+			continue
 		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {

@@ -1,0 +1,122 @@
+package lab
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestJudge feeds the judge a run whose deliveries contain each failure it
+// must catch: a lost message, duplicates over the window, a stale owner's
+// delivery after the successor's first, and a late last delivery.
+func TestJudge(t *testing.T) {
+	t0 := time.Now()
+	e := &env{sink: newSink("n"), hist: &history{}, published: 20}
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	add := func(s float64, seq int, v int64) {
+		e.sink.all = append(e.sink.all, delivery{At: at(s), Seq: seq, Version: v})
+		e.sink.seen[seq]++
+	}
+	// Round 0 (seq 0-9, fault at 1s): the owner (v1) delivers 0-4, the
+	// successor (v2) 4-9 (one duplicate), then v1 delivers 5 again at 8s.
+	for q := range 5 {
+		add(0.5, q, 1)
+	}
+	for q := 4; q < 10; q++ {
+		add(7, q, 2)
+	}
+	add(8, 5, 1)
+	// Round 1 (seq 10-19, fault at 21s): 12 is lost, 13 arrives four times.
+	for q := 10; q < 20; q++ {
+		if q == 12 {
+			continue
+		}
+		add(22, q, 3)
+	}
+	add(23, 13, 3)
+	add(23, 13, 3)
+	add(23, 13, 3)
+	e.hist.changes = []change{{At: at(0), Owner: "a#1", Version: 1}, {At: at(6), Owner: "b#1", Version: 2}, {At: at(27), Owner: "a#2", Version: 3}}
+	rep := &Report{Scenarios: []Result{
+		{Round: 0, Scenario: OwnerSIGSTOP, start: at(0), fault: at(1), seqStart: 0, OldVersion: 1, DuplicateBound: 2, ttl: 6 * time.Second, WithinBudget: true},
+		{Round: 1, Scenario: OwnerSIGKILL, start: at(20), fault: at(21), seqStart: 10, OldVersion: 2, DuplicateBound: 2, ttl: 6 * time.Second, WithinBudget: true},
+	}}
+	e.judge(rep)
+	r0, r1 := rep.Scenarios[0], rep.Scenarios[1]
+	if r0.Lost != 0 || r0.Duplicates != 2 || r0.StaleDeliveries != 1 || !r0.TwoOwners || r0.Pass {
+		t.Errorf("round 0: %+v", r0)
+	}
+	if r0.OldOwnerLastDeliveryS == nil || *r0.OldOwnerLastDeliveryS != 7 {
+		t.Errorf("round 0: old owner's last delivery %v, want 7s after the fault", r0.OldOwnerLastDeliveryS)
+	}
+	if r1.Lost != 1 || r1.LostIDs[0] != 12 || r1.Duplicates != 3 || r1.StaleDeliveries != 0 || r1.TwoOwners || r1.Pass {
+		t.Errorf("round 1: %+v", r1)
+	}
+	if s := rep.Summary; s.Rounds != 2 || s.Passed != 0 || s.Lost != 1 || s.StaleDeliveries != 1 || !s.TwoOwners || s.MaxDuplicates != 3 {
+		t.Errorf("summary: %+v", s)
+	}
+	if rep.OK() {
+		t.Error("a run with failed rounds is OK")
+	}
+}
+
+func TestAnomalies(t *testing.T) {
+	ok := []change{{Owner: "a#1", Version: 1}, {Owner: "", Version: 1}, {Owner: "b#1", Version: 2}}
+	if a := anomalies(ok); len(a) != 0 {
+		t.Errorf("clean history: %q", a)
+	}
+	bad := []change{{Owner: "a#1", Version: 2}, {Owner: "b#1", Version: 2}, {Owner: "a#1", Version: 1}}
+	if a := anomalies(bad); len(a) != 2 {
+		t.Errorf("two holders of one version and a version going back: %q", a)
+	}
+}
+
+// TestProxyRefuseCounts: a refusing proxy closes connections at once and
+// counts them, which is how the lab sees a resumed owner reconnect.
+func TestProxyRefuseCounts(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("x"))
+			_ = c.Close()
+		}
+	}()
+	p, err := NewProxy(l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	read := func() string {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 1)
+		n, _ := c.Read(b)
+		return string(b[:n])
+	}
+	if got := read(); got != "x" {
+		t.Fatalf("forwarded %q, want x", got)
+	}
+	p.Refuse(true)
+	if got := read(); got != "" {
+		t.Fatalf("refusing proxy forwarded %q", got)
+	}
+	if n := p.Accepted(); n != 2 {
+		t.Fatalf("accepted %d, want 2", n)
+	}
+}
