@@ -407,6 +407,10 @@ type ConfigRequest struct {
 
 func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, a.o.MaxConfigBytes+1))
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		writeErr(w, http.StatusRequestEntityTooLarge, "body: larger than server.maxRequestBytes ("+strconv.FormatInt(mbe.Limit, 10)+" bytes)")
+		return
+	}
 	if err != nil {
 		writeErr(w, http.StatusBadRequest, err.Error())
 		return
