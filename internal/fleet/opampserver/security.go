@@ -284,3 +284,15 @@ func setReadLimit(c types.Connection, limit int64) {
 		ws.SetReadLimit(limit)
 	}
 }
+
+// refuseMessage ends a connection whose message is refused (a credential
+// used for another UID, a revoked agent): a WebSocket is closed; a
+// plain-HTTP poll, which has nothing to close, is answered with an error.
+func (s *Server) refuseMessage(ac *agentConn, msg *protobufs.AgentToServer) *protobufs.ServerToAgent {
+	if ac.ws {
+		_ = ac.conn.Disconnect()
+		return nil
+	}
+	return &protobufs.ServerToAgent{InstanceUid: msg.InstanceUid, ErrorResponse: &protobufs.ServerErrorResponse{
+		Type: protobufs.ServerErrorResponseType_ServerErrorResponseType_BadRequest, ErrorMessage: "refused: revoked, or a credential of another instance UID"}}
+}

@@ -409,8 +409,7 @@ func (s *Server) onMessage(ctx context.Context, c types.Connection, msg *protobu
 		// A credential speaks for its own UID only.
 		s.mRejected.Inc()
 		s.log.Warn("an agent credential was used for another instance UID; closing the connection", "credential_of", ac.auth.uid, "claimed", uid)
-		_ = ac.conn.Disconnect()
-		return nil
+		return s.refuseMessage(ac, msg)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -427,8 +426,7 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 	if first {
 		var ok bool
 		if uid, ok = s.admit(ctx, ac, uid, msg, resp); !ok {
-			_ = ac.conn.Disconnect()
-			return nil
+			return s.refuseMessage(ac, msg)
 		}
 		if _, err := s.o.Store.Connected(ctx, uid, s.o.ReplicaID, ac.connID, now); err != nil {
 			s.log.Warn("recording a connect failed; closing the connection so that the agent retries", "agent", uid, "error", err)
@@ -497,8 +495,7 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 			s.mu.Lock()
 			delete(s.http, uid)
 			s.mu.Unlock()
-			return &protobufs.ServerToAgent{InstanceUid: msg.InstanceUid,
-				ErrorResponse: &protobufs.ServerErrorResponse{Type: protobufs.ServerErrorResponseType_ServerErrorResponseType_BadRequest, ErrorMessage: "refused"}}
+			return s.refuseMessage(ac, msg)
 		}
 	}
 	if first || now.Sub(prev) > httpReconnectGap {
