@@ -14,6 +14,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -419,9 +420,9 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusRequestEntityTooLarge, "config: larger than "+strconv.FormatInt(a.o.MaxConfigBytes, 10)+" bytes")
 		return
 	}
-	var req ConfigRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeErr(w, http.StatusBadRequest, `body: must be JSON {"config": "<text>"}: `+err.Error())
+	req, err := parseConfigRequest(body)
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	uid := r.PathValue("uid")
@@ -437,6 +438,21 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 	a.o.Log.Info("remote config set", "agent", uid, "hash", hash, "token", TokenName(r.Context()))
 	writeJSON(w, http.StatusAccepted, map[string]string{"instance_uid": uid, "config_hash": hash,
 		"status": "stored; delivered to the agent by the replica it is connected to"})
+}
+
+// parseConfigRequest decodes the body of PUT .../config: one JSON object
+// with the string field config and nothing else.
+func parseConfigRequest(body []byte) (ConfigRequest, error) {
+	var req ConfigRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf(`body: must be JSON {"config": "<text>"}: %w`, err)
+	}
+	if dec.More() {
+		return req, errors.New(`body: must be one JSON object {"config": "<text>"}, found more after it`)
+	}
+	return req, nil
 }
 
 // ReplicaInfo is one registry row.
