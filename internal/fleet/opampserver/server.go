@@ -189,7 +189,10 @@ func (s *Server) Start(addr, path string, tlsCfg *tls.Config) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(path, s.limit(http.HandlerFunc(s.handler)))
-	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second}
+	// No read or write timeout: WebSocket connections last for hours. A
+	// plain-HTTP body is bounded by MaxMessageBytes (s.limit).
+	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	s.addr = l.Addr()
 	s.served = make(chan struct{})
 	go func() {
