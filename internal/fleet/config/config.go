@@ -57,6 +57,10 @@ type Server struct {
 	HTTPListen      string
 	TLSCertFile     string
 	TLSKeyFile      string
+	// OpAMPClientCAFile enables client certificates on the OpAMP listener:
+	// a certificate signed by one of these CAs authenticates the agent
+	// whose instance UID is its subject common name.
+	OpAMPClientCAFile string
 	// EnrollmentSecret is the shared secret that agents present as a
 	// bearer token on the OpAMP connection.
 	EnrollmentSecret string
@@ -225,6 +229,8 @@ var Settings = []Setting{
 		func(c *Config) *string { return &c.Server.TLSCertFile }),
 	strSetting("server.tlsKeyFile", "", "", "PEM key for server.tlsCertFile.", nil,
 		func(c *Config) *string { return &c.Server.TLSKeyFile }),
+	strSetting("server.opampClientCaFile", "", "", "PEM CA bundle for OpAMP client certificates (mutual TLS, needs server.tlsCertFile): a certificate it signed authenticates the agent whose instance UID is the certificate's subject common name (or a urn:uuid: URI name). Empty: no client certificates.", nil,
+		func(c *Config) *string { return &c.Server.OpAMPClientCAFile }),
 	secret(strSetting("server.enrollmentSecret", "", "must be at least 16 characters", "Secret that agents send as `Authorization: Bearer <secret>` on the OpAMP connection to enroll; an agent that accepts OpAMP connection settings then gets its own credential. Required.",
 		func(s string) bool { return len(s) >= 16 }, func(c *Config) *string { return &c.Server.EnrollmentSecret })),
 	durSetting("server.lastSeenFlushInterval", "5s", 100*time.Millisecond, time.Minute,
@@ -425,6 +431,10 @@ func (c *Config) crossCheck() []error {
 	if (c.Server.TLSCertFile == "") != (c.Server.TLSKeyFile == "") {
 		errs = append(errs, &FieldError{Field: "server.tlsKeyFile", Value: fmt.Sprintf("%q", c.Server.TLSKeyFile),
 			Rule: "server.tlsCertFile and server.tlsKeyFile must be set together"})
+	}
+	if c.Server.OpAMPClientCAFile != "" && c.Server.TLSCertFile == "" {
+		errs = append(errs, &FieldError{Field: "server.opampClientCaFile", Value: fmt.Sprintf("%q", c.Server.OpAMPClientCAFile),
+			Rule: "needs server.tlsCertFile and server.tlsKeyFile (client certificates need TLS)"})
 	}
 	if (c.Server.HTTPTLSCertFile == "") != (c.Server.HTTPTLSKeyFile == "") {
 		errs = append(errs, &FieldError{Field: "server.httpTlsKeyFile", Value: fmt.Sprintf("%q", c.Server.HTTPTLSKeyFile),

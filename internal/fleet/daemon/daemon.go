@@ -150,6 +150,9 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if tlsCfg, err = withClientCAs(tlsCfg, cfg.Server.OpAMPClientCAFile); err != nil {
+		return nil, err
+	}
 	httpTLS, err := tlsConfig("server.httpTlsCertFile", cfg.Server.HTTPTLSCertFile, cfg.Server.HTTPTLSKeyFile, d.log)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -85,6 +86,26 @@ func tlsConfig(field, certFile, keyFile string, log *slog.Logger) (*tls.Config, 
 		return nil, fmt.Errorf("%s %s: %w", field, certFile, err)
 	}
 	return &tls.Config{GetCertificate: r.getCertificate, MinVersion: tls.VersionTLS12}, nil
+}
+
+// withClientCAs makes cfg ask for client certificates signed by the CAs
+// in file. A client without one still connects (it enrolls with the
+// secret or presents its credential); one with a bad one is refused by
+// the handshake.
+func withClientCAs(cfg *tls.Config, file string) (*tls.Config, error) {
+	if file == "" || cfg == nil {
+		return cfg, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("server.opampClientCaFile: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("server.opampClientCaFile %s: no PEM certificate in it", file)
+	}
+	cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
+	return cfg, nil
 }
 
 // newHTTPServer is the API/UI server with the configured timeouts and a

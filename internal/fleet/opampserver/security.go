@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +50,9 @@ type connAuth struct {
 	uid string
 	// endpoint is the URL the agent connected to, repeated in the offer.
 	endpoint string
+	// cert is set when a client certificate authenticated the connection
+	// (no credential is offered then: the certificate is the identity).
+	cert bool
 }
 
 // authenticate checks the bearer token of r: the enrollment secret or an
@@ -56,6 +60,11 @@ type connAuth struct {
 // the check failed (the cause is logged, not sent).
 func (s *Server) authenticate(r *http.Request) (connAuth, int) {
 	a := connAuth{endpoint: endpoint(r)}
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		// Mutual TLS: the handshake verified the certificate against
+		// server.opampClientCaFile; it names the UID it speaks for.
+		return s.certAuth(r, a)
+	}
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || tok == "" {
 		return a, http.StatusUnauthorized
@@ -78,6 +87,45 @@ func (s *Server) authenticate(r *http.Request) (connAuth, int) {
 	}
 	a.uid = uid
 	return a, 0
+}
+
+// certAuth authenticates a verified client certificate: its subject
+// common name, or a urn:uuid: URI name, is the instance UID; a revoked
+// UID is refused like a revoked credential.
+func (s *Server) certAuth(r *http.Request, a connAuth) (connAuth, int) {
+	uid := CertUID(r.TLS.VerifiedChains[0][0])
+	if uid == "" {
+		return a, http.StatusUnauthorized
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	c, known, err := s.o.Store.AgentCredentialOf(ctx, uid)
+	if err != nil {
+		s.log.Warn("checking an agent's revocation failed", "error", err)
+		return a, http.StatusServiceUnavailable
+	}
+	if known && c.RevokedAt != nil {
+		return a, http.StatusUnauthorized
+	}
+	a.uid, a.cert = uid, true
+	return a, 0
+}
+
+// CertUID is the instance UID a client certificate names: a URI name
+// urn:uuid:<uid>, else the subject common name, in the canonical form of
+// UID; "" when neither parses as one.
+func CertUID(c *x509.Certificate) string {
+	for _, u := range c.URIs {
+		if u.Scheme == "urn" && strings.HasPrefix(strings.ToLower(u.Opaque), "uuid:") {
+			if b, err := ParseUID(u.Opaque[5:]); err == nil && len(b) == 16 {
+				return UID(b)
+			}
+		}
+	}
+	if b, err := ParseUID(c.Subject.CommonName); err == nil && len(b) == 16 {
+		return UID(b)
+	}
+	return ""
 }
 
 func endpoint(r *http.Request) string {
