@@ -160,6 +160,13 @@ func (s *Server) admit(ctx context.Context, ac *agentConn, uid string, msg *prot
 	if ac.auth.uid != "" {
 		return uid, true // checked by authenticate and onConnecting
 	}
+	if ac.ws && !s.reconnects.Allow(uid) {
+		// Before any query: a UID that reconnects in a loop costs a
+		// close, not database work.
+		s.mRejected.Inc()
+		s.log.Warn("an agent reconnects too often; closing its connection", "agent", uid, "limit_per_minute", s.o.ReconnectsPerMinute)
+		return "", false
+	}
 	c, known, err := s.o.Store.AgentCredentialOf(ctx, uid)
 	if err != nil {
 		s.log.Warn("loading an agent credential failed; closing the connection so that the agent retries", "agent", uid, "error", err)

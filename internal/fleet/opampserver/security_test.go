@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/open-telemetry/opamp-go/protobufs"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
@@ -265,5 +267,40 @@ func TestOpAMPMessageLimitAfterDecompression(t *testing.T) {
 	a, err := st.GetAgent(context.Background(), ag.UIDString())
 	if err != nil || a.Identifying["big"] != "" {
 		t.Fatalf("the oversized description was stored: %v", err)
+	}
+}
+
+func TestReconnectLimitPerUID(t *testing.T) {
+	st := openStore(t)
+	srv := New(Options{Store: st, Batcher: lastseen.New(st, time.Hour, nil, nil), ReplicaID: "r1", Nonce: "n1", Secret: secret, ReconnectsPerMinute: 3})
+	if err := srv.Start("127.0.0.1:0", "/v1/opamp", nil); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(context.Background())
+	uid := "0f0f0f0f-0000-4000-8000-000000000003"
+	cred, err := st.IssueAgentCredential(context.Background(), uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []int
+	for range 5 {
+		c, resp, err := websocket.DefaultDialer.Dial("ws://"+srv.Addr().String()+"/v1/opamp", http.Header{"Authorization": {"Bearer " + cred}})
+		if c != nil {
+			c.Close()
+			// Wait until the server saw the close, so that the next dial is
+			// no duplicate of this one.
+			fleettest.Eventually(10*time.Second, func() bool { return srv.Connections() == 0 })
+		}
+		if resp == nil {
+			t.Fatal(err)
+		}
+		codes = append(codes, resp.StatusCode)
+		if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+			t.Fatal("429 without Retry-After")
+		}
+	}
+	want := []int{101, 101, 101, 429, 429}
+	if fmt.Sprint(codes) != fmt.Sprint(want) {
+		t.Fatalf("upgrade answers %v, want %v", codes, want)
 	}
 }
