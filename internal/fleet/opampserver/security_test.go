@@ -304,3 +304,34 @@ func TestReconnectLimitPerUID(t *testing.T) {
 		t.Fatalf("upgrade answers %v, want %v", codes, want)
 	}
 }
+
+// A revocation and a rotation whose notifications were lost are applied by
+// the reconcile.
+func TestReconcileAppliesLostRevocationsAndRotations(t *testing.T) {
+	st := openStore(t)
+	r := newRig(t, st, "r1", "n1")
+	defer r.stop(t)
+	ctx := context.Background()
+	a := startAgent(t, fleettest.AgentOptions{URL: r.ws, Credential: true})
+	b := startAgent(t, fleettest.AgentOptions{URL: r.ws, Credential: true})
+	if !fleettest.Eventually(30*time.Second, func() bool { return a.Credential() != "" && b.Credential() != "" && r.srv.Connections() == 2 }) {
+		t.Fatal("agents never enrolled")
+	}
+	credB := b.Credential()
+	if _, err := st.RevokeAgent(ctx, a.UIDString(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RequestCredentialRotation(ctx, b.UIDString()); err != nil {
+		t.Fatal(err)
+	}
+	// No Push: the notifications are lost.
+	if err := r.srv.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool { return r.srv.Connections() == 1 && b.Credential() != credB }) {
+		t.Fatalf("after the reconcile: %d connections, rotated %v", r.srv.Connections(), b.Credential() != credB)
+	}
+	if p, _ := st.PendingRotations(ctx, []string{b.UIDString()}); len(p) != 0 {
+		t.Fatal("the rotation request stays pending after the new credential was issued")
+	}
+}

@@ -808,7 +808,8 @@ func (s *Server) deliver(ctx context.Context, ac *agentConn, want store.Desired)
 // Reconcile is the event bus's safety net: it compares the desired config
 // of every agent connected here with what the agent reported and was sent,
 // and delivers what is missing (a notification that was lost while the
-// listener session reconnected), restart requests included.
+// listener session reconnected), restart requests, credential rotations
+// and revocations included.
 func (s *Server) Reconcile(ctx context.Context) error {
 	s.mu.Lock()
 	uids := make([]string, 0, len(s.byUID))
@@ -843,6 +844,21 @@ func (s *Server) Reconcile(ctx context.Context) error {
 		}
 		for uid, at := range p {
 			s.restart(ctx, acs[uid], at)
+		}
+		// Revocations and rotations whose notification was lost.
+		rev, err := s.o.Store.RevokedAmong(ctx, uids[:n])
+		if err != nil {
+			return err
+		}
+		for uid := range rev {
+			s.revoke(uid)
+		}
+		rot, err := s.o.Store.PendingRotations(ctx, uids[:n])
+		if err != nil {
+			return err
+		}
+		for uid := range rot {
+			s.rotate(ctx, uid)
 		}
 		uids = uids[n:]
 	}

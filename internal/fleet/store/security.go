@@ -247,3 +247,16 @@ func (s *Store) PendingRotations(ctx context.Context, uids []string) (map[string
 	_, err = pgx.ForEachRow(rows, []any{&uid}, func() error { out[uid] = true; return nil })
 	return out, err
 }
+
+// RevokedAmong returns which of uids are revoked.
+func (s *Store) RevokedAmong(ctx context.Context, uids []string) (map[string]bool, error) {
+	rows, err := s.Pool.Query(ctx, `SELECT instance_uid FROM agent_credentials
+		WHERE instance_uid = ANY($1) AND revoked_at IS NOT NULL`, uids)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	var uid string
+	_, err = pgx.ForEachRow(rows, []any{&uid}, func() error { out[uid] = true; return nil })
+	return out, err
+}
