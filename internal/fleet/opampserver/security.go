@@ -203,7 +203,7 @@ func (s *Server) admit(ctx context.Context, ac *agentConn, uid string, msg *prot
 		uid = newUID
 	}
 	if msg.Capabilities&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsOpAMPConnectionSettings) != 0 {
-		offer, err := s.credentialOffer(ctx, uid, ac.auth.endpoint, msg.Capabilities)
+		offer, err := s.credentialOffer(ctx, uid, ac.auth.endpoint, msg.Capabilities, ac.ws)
 		if errors.Is(err, store.ErrRevoked) {
 			return "", false
 		}
@@ -219,16 +219,18 @@ func (s *Server) admit(ctx context.Context, ac *agentConn, uid string, msg *prot
 
 // credentialOffer issues a new credential of uid and wraps it as the OpAMP
 // connection settings the agent uses from its next connection on.
-func (s *Server) credentialOffer(ctx context.Context, uid, endpoint string, caps uint64) (*protobufs.ConnectionSettingsOffers, error) {
+func (s *Server) credentialOffer(ctx context.Context, uid, endpoint string, caps uint64, ws bool) (*protobufs.ConnectionSettingsOffers, error) {
 	cred, err := s.o.Store.IssueAgentCredential(ctx, uid)
 	if err != nil {
 		return nil, err
 	}
 	o := &protobufs.OpAMPConnectionSettings{DestinationEndpoint: endpoint,
 		Headers: &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Bearer " + cred}}}}
-	if caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_ReportsHeartbeat) != 0 {
+	if ws && caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_ReportsHeartbeat) != 0 {
 		// opamp-go applies the offer's heartbeat interval too, and 0 would
-		// turn heartbeats off: offer the client default.
+		// turn a WebSocket agent's heartbeats off: offer the client
+		// default. Over plain HTTP it would become the poll interval; 0
+		// leaves that alone (opamp-go refuses 0 there).
 		o.HeartbeatIntervalSeconds = 30
 	}
 	var nonce [8]byte
@@ -262,7 +264,7 @@ func (s *Server) rotate(ctx context.Context, uid string) {
 	if ac.seen.caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsOpAMPConnectionSettings) == 0 {
 		return
 	}
-	offer, err := s.credentialOffer(ctx, uid, ac.auth.endpoint, ac.seen.caps)
+	offer, err := s.credentialOffer(ctx, uid, ac.auth.endpoint, ac.seen.caps, true)
 	if err != nil {
 		s.log.Warn("rotating an agent credential failed", "agent", uid, "error", err)
 		return

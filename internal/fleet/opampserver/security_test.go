@@ -335,3 +335,24 @@ func TestReconcileAppliesLostRevocationsAndRotations(t *testing.T) {
 		t.Fatal("the rotation request stays pending after the new credential was issued")
 	}
 }
+
+// A plain-HTTP agent enrolls like a WebSocket one and then polls with its
+// credential.
+func TestPlainHTTPAgentGetsAndUsesItsCredential(t *testing.T) {
+	st := openStore(t)
+	r := newRig(t, st, "r1", "n1")
+	defer r.stop(t)
+	a := startAgent(t, fleettest.AgentOptions{URL: r.url, HTTP: true, Heartbeat: 100 * time.Millisecond, Credential: true})
+	if !fleettest.Eventually(30*time.Second, func() bool { return a.Credential() != "" }) {
+		t.Fatal("no credential offered over plain HTTP")
+	}
+	// Polls with the credential keep the agent's state current.
+	agentIs(t, st, a.UIDString(), func(ag store.Agent) bool { return ag.Status == "online" })
+	byCred := func() float64 { return testutil.ToFloat64(r.srv.mAuth.WithLabelValues("credential")) }
+	if !fleettest.Eventually(30*time.Second, func() bool { return byCred() > 3 }) {
+		t.Fatalf("the agent does not poll with its credential: %v polls", byCred())
+	}
+	if got := testutil.ToFloat64(r.srv.mRejected); got != 0 {
+		t.Fatalf("%v polls refused", got)
+	}
+}

@@ -99,6 +99,7 @@ type Server struct {
 	reconnects *authlimit.Limiter
 
 	mConns    prometheus.GaugeFunc
+	mAuth     *prometheus.CounterVec
 	mMessages prometheus.Counter
 	mRejected prometheus.Counter
 	mConnects prometheus.Counter
@@ -170,8 +171,10 @@ func New(o Options) *Server {
 	s.mMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_messages_total", Help: "OpAMP messages received."})
 	s.mRejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_rejected_total", Help: "OpAMP connections refused (bad secret or credential, revoked, duplicate, rate limit, too large, or stopping)."})
 	s.mConnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_connects_total", Help: "OpAMP WebSocket connections accepted."})
+	s.mAuth = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_opamp_authenticated_total",
+		Help: "OpAMP connections and plain-HTTP polls accepted, by how they authenticated: secret (enrollment), credential or certificate."}, []string{"method"})
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects)
+		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects, s.mAuth)
 	}
 	s.opamp = server.New(nil)
 	s.handler, s.connCtx, _ = s.opamp.Attach(server.Settings{Callbacks: types.Callbacks{OnConnecting: s.onConnecting}})
@@ -329,6 +332,14 @@ func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
 			return refuse(http.StatusConflict, "30")
 		}
 	}
+	method := "secret"
+	switch {
+	case a.cert:
+		method = "certificate"
+	case a.uid != "":
+		method = "credential"
+	}
+	s.mAuth.WithLabelValues(method).Inc()
 	return types.ConnectionResponse{Accept: true, ConnectionCallbacks: types.ConnectionCallbacks{
 		OnConnected:       func(ctx context.Context, c types.Connection) { s.onConnected(ctx, c, a) },
 		OnMessage:         s.onMessage,

@@ -61,7 +61,10 @@ func (s *Store) CreateSession(ctx context.Context, tokenID int64, ttl time.Durat
 	if err != nil {
 		return "", err
 	}
-	_, err = s.Pool.Exec(ctx, `INSERT INTO ui_sessions (hash, token_id, expires_at) VALUES ($1, $2, now() + $3::interval)`,
+	// Expired sessions go on the way, so the table holds only live ones
+	// (and the ones of the last login's lifetime).
+	_, err = s.Pool.Exec(ctx, `WITH gone AS (DELETE FROM ui_sessions WHERE expires_at < now())
+		INSERT INTO ui_sessions (hash, token_id, expires_at) VALUES ($1, $2, now() + $3::interval)`,
 		hashToken(id), tokenID, fmt.Sprintf("%d microseconds", ttl.Microseconds()))
 	return id, err
 }
