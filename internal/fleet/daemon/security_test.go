@@ -499,3 +499,33 @@ func TestNoSecretsInLogsOrResponses(t *testing.T) {
 		}
 	}
 }
+
+// The agent page shows only the forms the session's role may use.
+func TestUIShowsFormsByRole(t *testing.T) {
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	d := startWith(t, pg.DSN(""), "replica-forms", nil, nil)
+	defer d.Shutdown()
+	uid := "0f0f0f0f-0000-4000-8000-0000000000cc"
+	if _, err := d.Store.Connected(ctx, uid, "elsewhere", "x#1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[store.Role][]bool{store.RoleViewer: {false, false}, store.RoleOperator: {true, false}, store.RoleAdmin: {true, true}}
+	for role, w := range want {
+		tk, _, _ := d.Store.IssueTokenRole(ctx, string(role), role)
+		id, _ := d.Store.CreateSession(ctx, tk.ID, time.Hour)
+		req, _ := http.NewRequest("GET", "http://"+d.HTTPAddr().String()+"/ui/agents/"+uid, nil)
+		req.AddCookie(&http.Cookie{Name: ui.CookieName, Value: id})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		page := string(b)
+		if resp.StatusCode != 200 || strings.Contains(page, `id="restart-agent"`) != w[0] || strings.Contains(page, `id="revoke-agent"`) != w[1] {
+			t.Errorf("%s: %d restart form %v, revoke form %v; want %v", role, resp.StatusCode,
+				strings.Contains(page, `id="restart-agent"`), strings.Contains(page, `id="revoke-agent"`), w)
+		}
+	}
+}

@@ -38,7 +38,7 @@ const CookieName = "myriarch_session"
 
 var pages = func() map[string]*template.Template {
 	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b },
-		"health": parseHealth, "capnames": store.CapabilityNames}
+		"health": parseHealth, "capnames": store.CapabilityNames, "can": can}
 	out := map[string]*template.Template{}
 	for _, p := range []string{"login", "overview", "agents", "agent", "cluster"} {
 		out[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html"))
@@ -51,7 +51,13 @@ type page struct {
 	Nav     bool
 	Replica string
 	Data    any
+	// Role of the session's token: forms it may not use are not shown
+	// (the routes refuse them anyway).
+	Role store.Role
 }
+
+// can reports whether role may use what needs need (templates).
+func can(role store.Role, need string) bool { return role.Allows(store.Role(need)) }
 
 type handler struct {
 	a      *api.API
@@ -103,7 +109,7 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title str
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Frame-Options", "DENY")
-	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data}); err != nil {
+	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data, Role: api.TokenRole(r.Context())}); err != nil {
 		h.log.Warn("rendering a page failed", "page", name, "error", err)
 	}
 }
