@@ -19,7 +19,7 @@ import (
 func init() {
 	commands.Register(cli.Command{
 		Name:    "agent",
-		Summary: "commands to one agent through the REST API: agent show|restart|clear-config UID",
+		Summary: "commands to one agent through the REST API: agent show|restart|clear-config|revoke|rotate-credential UID",
 		Run:     runAgent,
 	})
 }
@@ -28,15 +28,21 @@ const agentUsage = `Usage:
   myriarchd agent show UID [--json]
   myriarchd agent restart UID
   myriarchd agent clear-config UID
+  myriarchd agent revoke UID              (admin token)
+  myriarchd agent rotate-credential UID   (admin token)
 Flags (after the command): --server URL (env MYRIARCH_SERVER, default
 http://127.0.0.1:8080), --token TOKEN (env MYRIARCH_TOKEN; an API token from
 ` + "`myriarchd token create`" + `).
 restart sends the OpAMP restart command (the agent must accept it and be
 online); clear-config clears the desired config, and the agent is sent an
-empty config (OpAMP's "no remote config").`
+empty config (OpAMP's "no remote config"). revoke disconnects the agent at
+once on every replica; it can neither connect nor enroll again.
+rotate-credential sends the agent a new credential; the old one stops working.`
+
+var agentCommands = map[string]bool{"show": true, "restart": true, "clear-config": true, "revoke": true, "rotate-credential": true}
 
 func runAgent(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "show" && args[0] != "restart" && args[0] != "clear-config") {
+	if len(args) == 0 || !agentCommands[args[0]] {
 		fmt.Fprintln(stderr, agentUsage)
 		return cli.ExitUsage
 	}
@@ -79,6 +85,10 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		method, path = http.MethodPost, path+"/restart"
 	case "clear-config":
 		method, path = http.MethodDelete, path+"/config"
+	case "revoke":
+		method, path = http.MethodPost, path+"/revoke"
+	case "rotate-credential":
+		method, path = http.MethodPost, path+"/credential/rotate"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

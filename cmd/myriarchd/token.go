@@ -28,9 +28,11 @@ func init() {
 }
 
 const tokenUsage = `Usage:
-  myriarchd token create --name NAME [--config FILE]
+  myriarchd token create --name NAME [--role viewer|operator|admin] [--config FILE]
   myriarchd token list [--status active|revoked] [--json] [--config FILE]
   myriarchd token revoke ID [--config FILE]
+Roles: viewer reads; operator also changes configurations and sends agent
+commands; admin also manages tokens and agents' credentials (default admin).
 Only database.url of the configuration is used. A revoked token is refused
 at once by every replica.`
 
@@ -44,11 +46,12 @@ func runToken(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprintln(stderr, tokenUsage) }
 	cfgFile := fs.String("config", os.Getenv("MYRIARCH_CONFIG"), "YAML configuration file (env MYRIARCH_CONFIG); only database.url is used")
-	var name, status *string
+	var name, status, role *string
 	var asJSON *bool
 	switch sub {
 	case "create":
 		name = fs.String("name", "", "name of the token (shown in logs of the requests it makes)")
+		role = fs.String("role", string(store.RoleAdmin), "viewer, operator or admin")
 	case "list":
 		status = fs.String("status", "", "list only the active or the revoked tokens")
 		asJSON = fs.Bool("json", false, "print JSON, as GET /api/v1/tokens does")
@@ -71,6 +74,10 @@ func runToken(args []string, stdout, stderr io.Writer) int {
 	case "create":
 		if *name == "" {
 			fmt.Fprintln(stderr, "myriarchd token create: --name is required")
+			return cli.ExitUsage
+		}
+		if _, err := store.ParseRole(*role); err != nil {
+			fmt.Fprintln(stderr, "myriarchd token create: --"+err.Error())
 			return cli.ExitUsage
 		}
 	case "list":
@@ -111,13 +118,13 @@ func runToken(args []string, stdout, stderr io.Writer) int {
 	defer st.Close()
 	switch sub {
 	case "create":
-		t, tok, err := st.IssueToken(ctx, *name)
+		t, tok, err := st.IssueTokenRole(ctx, *name, store.Role(*role))
 		if err != nil {
 			fmt.Fprintln(stderr, "myriarchd token create:", err)
 			return 1
 		}
 		fmt.Fprintln(stdout, tok)
-		fmt.Fprintf(stderr, "Token id %d (%s). Store this token now: only its hash is kept in the database.\nRevoke it with `myriarchd token revoke %d`.\n", t.ID, t.Name, t.ID)
+		fmt.Fprintf(stderr, "Token id %d (%s, role %s). Store this token now: only its hash is kept in the database.\nRevoke it with `myriarchd token revoke %d`.\n", t.ID, t.Name, t.Role, t.ID)
 		return 0
 	case "list":
 		toks, err := st.ListTokens(ctx, *status)
@@ -166,7 +173,7 @@ func revoker() string {
 
 func printTokens(w io.Writer, toks []store.Token) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tCREATED\tLAST USED\tSTATUS")
+	fmt.Fprintln(tw, "ID\tNAME\tROLE\tCREATED\tLAST USED\tSTATUS")
 	ts := func(t *time.Time) string {
 		if t == nil {
 			return "-"
@@ -178,7 +185,7 @@ func printTokens(w io.Writer, toks []store.Token) {
 		if t.RevokedAt != nil {
 			status = "revoked " + ts(t.RevokedAt) + " by " + t.RevokedBy
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", t.ID, t.Name, ts(&t.CreatedAt), ts(t.LastUsedAt), status)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Role, ts(&t.CreatedAt), ts(t.LastUsedAt), status)
 	}
 	_ = tw.Flush()
 }

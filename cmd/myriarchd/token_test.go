@@ -41,8 +41,8 @@ func TestTokenListAndRevoke(t *testing.T) {
 	}
 
 	out, errOut, code := run("list")
-	if code != 0 || !regexp.MustCompile(`(?m)^ID\s+NAME\s+CREATED\s+LAST USED\s+STATUS$`).MatchString(out) ||
-		!regexp.MustCompile(`(?m)^`+strconv.FormatInt(ciID, 10)+`\s+ci\s+\S+\s+\S+\s+active$`).MatchString(out) {
+	if code != 0 || !regexp.MustCompile(`(?m)^ID\s+NAME\s+ROLE\s+CREATED\s+LAST USED\s+STATUS$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^`+strconv.FormatInt(ciID, 10)+`\s+ci\s+admin\s+\S+\s+\S+\s+active$`).MatchString(out) {
 		t.Fatalf("list: %d %q %q", code, out, errOut)
 	}
 	if strings.Contains(out, ciTok) || strings.Contains(out, adminTok) {

@@ -14,8 +14,8 @@ import (
 // registerAgentCommands adds the agent commands: restart, and clearing the
 // desired config.
 func (a *API) registerAgentCommands(mux *http.ServeMux) {
-	mux.Handle("POST /api/v1/agents/{uid}/restart", a.auth(a.restartAgent))
-	mux.Handle("DELETE /api/v1/agents/{uid}/config", a.auth(a.clearConfig))
+	a.route(mux, store.RoleOperator, "POST /api/v1/agents/{uid}/restart", a.restartAgent)
+	a.route(mux, store.RoleOperator, "DELETE /api/v1/agents/{uid}/config", a.clearConfig)
 }
 
 // ErrCannotRestart is returned by RestartAgent for an agent that is

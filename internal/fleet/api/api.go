@@ -4,9 +4,17 @@
 // Every /api/v1 request needs an API token (Authorization: Bearer myr_...)
 // created with `myriarchd token create`; the database stores only its
 // SHA-256 hash. /healthz, /readyz and /metrics need none and write nothing.
+//
+// Every endpoint declares the role it needs where it is registered
+// (a.route); Routes lists them, and the role table test walks that list,
+// so an endpoint added later is covered without a change to the test.
+// A source address whose tokens failed too often (authlimit) is refused
+// with 429 before the next token costs a database query. Unauthenticated
+// callers never see an internal error text: it goes to the log.
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/pgleader"
@@ -46,10 +55,19 @@ type Options struct {
 	Log      *slog.Logger
 	// MaxConfigBytes bounds a remote config; default 1 MiB.
 	MaxConfigBytes int64
+	// AuthFailuresPerMinute is the failed authentications per source
+	// address and minute before the source is refused unchecked; default 30.
+	AuthFailuresPerMinute int64
+	// SessionTTL is the lifetime of a UI session; default 12h.
+	SessionTTL time.Duration
 }
 
 // API serves the endpoints.
-type API struct{ o Options }
+type API struct {
+	o        Options
+	failures *authlimit.Limiter
+	routes   []Route
+}
 
 // New returns the API.
 func New(o Options) *API {
@@ -59,51 +77,127 @@ func New(o Options) *API {
 	if o.MaxConfigBytes == 0 {
 		o.MaxConfigBytes = 1 << 20
 	}
-	return &API{o: o}
+	if o.SessionTTL == 0 {
+		o.SessionTTL = 12 * time.Hour
+	}
+	if o.AuthFailuresPerMinute == 0 {
+		o.AuthFailuresPerMinute = 30
+	}
+	return &API{o: o, failures: authlimit.New(o.AuthFailuresPerMinute)}
+}
+
+// Public is the Role of the endpoints that need no token.
+const Public store.Role = "public"
+
+// Route is one registered endpoint and the role it needs.
+type Route struct {
+	Pattern string
+	Role    store.Role
+}
+
+// Routes lists the registered endpoints (after Register).
+func (a *API) Routes() []Route { return a.routes }
+
+// route registers h for pattern behind the API token check, for tokens
+// whose role allows role. Every /api/ endpoint is registered through it.
+func (a *API) route(mux *http.ServeMux, role store.Role, pattern string, h http.HandlerFunc) {
+	if _, err := store.ParseRole(string(role)); err != nil {
+		panic("api: route " + pattern + ": " + err.Error())
+	}
+	a.routes = append(a.routes, Route{Pattern: pattern, Role: role})
+	mux.Handle(pattern, a.auth(role, h))
+}
+
+// public registers an endpoint that needs no token.
+func (a *API) public(mux *http.ServeMux, pattern string, h http.Handler) {
+	a.routes = append(a.routes, Route{Pattern: pattern, Role: Public})
+	mux.Handle(pattern, h)
 }
 
 // Register adds the endpoints to mux.
 func (a *API) Register(mux *http.ServeMux) {
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	a.public(mux, "GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	a.public(mux, "GET /readyz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
 		if a.o.Ready != nil {
 			if err := a.o.Ready(ctx); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				// The reason is for the operator's log, not for whoever asks.
+				a.o.Log.Warn("readiness check failed", "error", err)
+				http.Error(w, "not ready", http.StatusServiceUnavailable)
 				return
 			}
 		}
 		w.Write([]byte("ready\n"))
-	})
-	if a.o.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.o.Gatherer, promhttp.HandlerOpts{}))
-	}
-	mux.Handle("GET /api/v1/overview", a.auth(a.overview))
-	mux.Handle("GET /api/v1/agents", a.auth(a.listAgents))
-	mux.Handle("GET /api/v1/agents/{uid}", a.auth(a.getAgent))
-	mux.Handle("PUT /api/v1/agents/{uid}/config", a.auth(a.setConfig))
-	a.registerAgentCommands(mux)
-	mux.Handle("GET /api/v1/cluster", a.auth(a.cluster))
-	mux.Handle("GET /api/v1/tokens", a.auth(a.listTokens))
-	mux.Handle("DELETE /api/v1/tokens/{id}", a.auth(a.revokeToken))
-	a.registerConfigs(mux)
-	mux.Handle("/api/", a.auth(func(w http.ResponseWriter, r *http.Request) {
-		writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
+	if a.o.Gatherer != nil {
+		a.public(mux, "GET /metrics", promhttp.HandlerFor(a.o.Gatherer, promhttp.HandlerOpts{}))
+	}
+	a.route(mux, store.RoleViewer, "GET /api/v1/overview", a.overview)
+	a.route(mux, store.RoleViewer, "GET /api/v1/agents", a.listAgents)
+	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}", a.getAgent)
+	a.route(mux, store.RoleOperator, "PUT /api/v1/agents/{uid}/config", a.setConfig)
+	a.registerAgentCommands(mux)
+	a.registerAgentCredentials(mux)
+	a.route(mux, store.RoleViewer, "GET /api/v1/cluster", a.cluster)
+	a.route(mux, store.RoleAdmin, "GET /api/v1/tokens", a.listTokens)
+	a.route(mux, store.RoleAdmin, "DELETE /api/v1/tokens/{id}", a.revokeToken)
+	a.registerConfigs(mux)
+	a.route(mux, store.RoleViewer, "/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
 }
 
+// Authentication outcomes of Check besides success.
+var (
+	// ErrInvalidToken: unknown or revoked.
+	ErrInvalidToken = errors.New("invalid API token (unknown or revoked)")
+	// ErrTooManyFailures: the source failed too often; not checked.
+	ErrTooManyFailures = errors.New("too many failed authentications from this address; retry in a minute")
+	// ErrUnavailable: the check itself failed (database); the cause is logged.
+	ErrUnavailable = errors.New("the token check is unavailable; retry later")
+)
+
+// Check authenticates token tok presented by source (authlimit.Source):
+// it asks the database every time, so a revoked token is refused at once
+// on every replica, unless source failed too often.
+func (a *API) Check(ctx context.Context, source, tok string) (store.Token, error) {
+	if a.failures.Blocked(source) {
+		return store.Token{}, ErrTooManyFailures
+	}
+	t, ok, err := a.o.Store.CheckToken(ctx, tok)
+	if err != nil {
+		a.o.Log.Warn("checking an API token failed", "error", err)
+		return store.Token{}, ErrUnavailable
+	}
+	if !ok {
+		a.Failed(source)
+		return store.Token{}, ErrInvalidToken
+	}
+	return t, nil
+}
+
+// Failed counts a failed authentication of source (the UI's sessions).
+func (a *API) Failed(source string) { a.failures.Add(source) }
+
+// Blocked reports whether source failed too often to be checked.
+func (a *API) Blocked(source string) bool { return a.failures.Blocked(source) }
+
 // Authenticate returns the token name of a valid token, or "" for an
-// unknown or revoked one. It asks the database every time, so a revoked
-// token is refused at once on every replica.
+// unknown or revoked one.
 func (a *API) Authenticate(ctx context.Context, tok string) (string, error) {
 	t, ok, err := a.o.Store.CheckToken(ctx, tok)
 	if !ok {
 		return "", err
 	}
 	return t.Name, nil
+}
+
+// WithToken returns ctx carrying t as the request's token (the UI).
+func WithToken(ctx context.Context, t store.Token) context.Context {
+	return context.WithValue(ctx, ctxKey{}, t)
 }
 
 type ctxKey struct{}
@@ -117,7 +211,13 @@ func tokenRef(ctx context.Context) string {
 	return fmt.Sprintf("token %s (id %d)", t.Name, t.ID)
 }
 
-func (a *API) auth(h http.HandlerFunc) http.Handler {
+// TokenRole is the role of the token that authenticated the request.
+func TokenRole(ctx context.Context) store.Role {
+	t, _ := ctx.Value(ctxKey{}).(store.Token)
+	return t.Role
+}
+
+func (a *API) auth(role store.Role, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || tok == "" {
@@ -125,17 +225,25 @@ func (a *API) auth(h http.HandlerFunc) http.Handler {
 			writeErr(w, http.StatusUnauthorized, "an API token is required (Authorization: Bearer <token>; create one with `myriarchd token create`)")
 			return
 		}
-		t, ok, err := a.o.Store.CheckToken(r.Context(), tok)
-		if err != nil {
-			writeErr(w, http.StatusServiceUnavailable, "checking the token failed: "+err.Error())
+		t, err := a.Check(r.Context(), authlimit.Source(r), tok)
+		switch {
+		case errors.Is(err, ErrTooManyFailures):
+			w.Header().Set("Retry-After", authlimit.RetryAfter)
+			writeErr(w, http.StatusTooManyRequests, err.Error())
 			return
-		}
-		if !ok {
+		case errors.Is(err, ErrInvalidToken):
 			w.Header().Set("WWW-Authenticate", `Bearer realm="myriarchd", error="invalid_token"`)
-			writeErr(w, http.StatusUnauthorized, "invalid API token (unknown or revoked)")
+			writeErr(w, http.StatusUnauthorized, err.Error())
+			return
+		case err != nil:
+			writeErr(w, http.StatusServiceUnavailable, err.Error())
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, t)))
+		if !t.Role.Allows(role) {
+			writeErr(w, http.StatusForbidden, fmt.Sprintf("%s %s needs role %s; token %q has role %s", r.Method, r.URL.Path, role, t.Name, t.Role))
+			return
+		}
+		h(w, r.WithContext(WithToken(r.Context(), t)))
 	})
 }
 
@@ -301,6 +409,10 @@ type ConfigRequest struct {
 
 func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, a.o.MaxConfigBytes+1))
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		writeErr(w, http.StatusRequestEntityTooLarge, "body: larger than server.maxRequestBytes ("+strconv.FormatInt(mbe.Limit, 10)+" bytes)")
+		return
+	}
 	if err != nil {
 		writeErr(w, http.StatusBadRequest, err.Error())
 		return
@@ -309,9 +421,9 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusRequestEntityTooLarge, "config: larger than "+strconv.FormatInt(a.o.MaxConfigBytes, 10)+" bytes")
 		return
 	}
-	var req ConfigRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeErr(w, http.StatusBadRequest, `body: must be JSON {"config": "<text>"}: `+err.Error())
+	req, err := parseConfigRequest(body)
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	uid := r.PathValue("uid")
@@ -327,6 +439,21 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 	a.o.Log.Info("remote config set", "agent", uid, "hash", hash, "token", TokenName(r.Context()))
 	writeJSON(w, http.StatusAccepted, map[string]string{"instance_uid": uid, "config_hash": hash,
 		"status": "stored; delivered to the agent by the replica it is connected to"})
+}
+
+// parseConfigRequest decodes the body of PUT .../config: one JSON object
+// with the string field config and nothing else.
+func parseConfigRequest(body []byte) (ConfigRequest, error) {
+	var req ConfigRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf(`body: must be JSON {"config": "<text>"}: %w`, err)
+	}
+	if dec.More() {
+		return req, errors.New(`body: must be one JSON object {"config": "<text>"}, found more after it`)
+	}
+	return req, nil
 }
 
 // ReplicaInfo is one registry row.

@@ -18,20 +18,20 @@ import (
 
 // registerConfigs adds the configuration and rollout endpoints.
 func (a *API) registerConfigs(mux *http.ServeMux) {
-	mux.Handle("GET /api/v1/configs", a.auth(a.listConfigs))
-	mux.Handle("GET /api/v1/configs/{name}", a.auth(a.getConfig))
-	mux.Handle("PUT /api/v1/configs/{name}", a.auth(a.putConfig))
-	mux.Handle("POST /api/v1/configs/{name}/revisions", a.auth(a.addRevision))
-	mux.Handle("GET /api/v1/configs/{name}/revisions/{rev}", a.auth(a.getRevision))
-	mux.Handle("GET /api/v1/configs/{name}/diff", a.auth(a.diff))
-	mux.Handle("GET /api/v1/agents/{uid}/assignment", a.auth(a.assignment))
-	mux.Handle("GET /api/v1/agents/{uid}/intents", a.auth(a.agentIntents))
-	mux.Handle("GET /api/v1/gitops", a.auth(a.gitopsStatus))
-	mux.Handle("GET /api/v1/rollouts", a.auth(a.listRollouts))
-	mux.Handle("POST /api/v1/rollouts", a.auth(a.createRollout))
-	mux.Handle("GET /api/v1/rollouts/{id}", a.auth(a.getRollout))
-	mux.Handle("GET /api/v1/rollouts/{id}/intents", a.auth(a.rolloutIntents))
-	mux.Handle("POST /api/v1/rollouts/{id}/{command}", a.auth(a.rolloutCommand))
+	a.route(mux, store.RoleViewer, "GET /api/v1/configs", a.listConfigs)
+	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}", a.getConfig)
+	a.route(mux, store.RoleOperator, "PUT /api/v1/configs/{name}", a.putConfig)
+	a.route(mux, store.RoleOperator, "POST /api/v1/configs/{name}/revisions", a.addRevision)
+	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}/revisions/{rev}", a.getRevision)
+	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}/diff", a.diff)
+	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}/assignment", a.assignment)
+	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}/intents", a.agentIntents)
+	a.route(mux, store.RoleViewer, "GET /api/v1/gitops", a.gitopsStatus)
+	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts", a.listRollouts)
+	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts", a.createRollout)
+	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts/{id}", a.getRollout)
+	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts/{id}/intents", a.rolloutIntents)
+	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts/{id}/{command}", a.rolloutCommand)
 }
 
 // Configs is the configuration service (also used by the UI).

@@ -72,12 +72,35 @@ type Server struct {
 	HTTPListen      string
 	TLSCertFile     string
 	TLSKeyFile      string
+	// OpAMPClientCAFile enables client certificates on the OpAMP listener:
+	// a certificate signed by one of these CAs authenticates the agent
+	// whose instance UID is its subject common name.
+	OpAMPClientCAFile string
 	// EnrollmentSecret is the shared secret that agents present as a
 	// bearer token on the OpAMP connection.
 	EnrollmentSecret string
 	// LastSeenFlushInterval is how often last-seen times and events are
 	// written to the database in one batch.
 	LastSeenFlushInterval time.Duration
+	// HTTPTLSCertFile and HTTPTLSKeyFile serve the REST API and UI over
+	// TLS; the files are read again when they change (certificate renewal).
+	HTTPTLSCertFile string
+	HTTPTLSKeyFile  string
+	// Timeouts of the API/UI listener.
+	HTTPReadHeaderTimeout time.Duration
+	HTTPReadTimeout       time.Duration
+	HTTPWriteTimeout      time.Duration
+	HTTPIdleTimeout       time.Duration
+	// MaxRequestBytes bounds an API/UI request body.
+	MaxRequestBytes int64
+	// OpAMPMaxMessageBytes bounds one OpAMP message after decompression
+	// (plain-HTTP body, WebSocket frame).
+	OpAMPMaxMessageBytes int64
+	// AuthFailuresPerMinute is how many failed authentications one source
+	// address may make per minute before it is refused without a check.
+	AuthFailuresPerMinute int64
+	// UISessionTTL is the lifetime of a UI login session.
+	UISessionTTL time.Duration
 }
 
 // Database is the PostgreSQL connection.
@@ -96,6 +119,9 @@ type Agents struct {
 	// ReconcileInterval is the event bus safety net: how often each replica
 	// compares the desired state of its agents with what it delivered.
 	ReconcileInterval time.Duration
+	// ReconnectsPerMinute bounds the WebSocket connections one instance
+	// UID may open per minute on one replica.
+	ReconnectsPerMinute int64
 }
 
 // Jobs is the leader's singleton jobs.
@@ -122,7 +148,9 @@ type Setting struct {
 	// Rule is the accepted range in words, for errors and docs.
 	Rule    string
 	Meaning string
-	set     func(c *Config, v string) error
+	// Secret values are never echoed in errors.
+	Secret bool
+	set    func(c *Config, v string) error
 }
 
 // Env is the environment variable of the setting.
@@ -219,15 +247,39 @@ var Settings = []Setting{
 		func(c *Config) *string { return &c.Server.TLSCertFile }),
 	strSetting("server.tlsKeyFile", "", "", "PEM key for server.tlsCertFile.", nil,
 		func(c *Config) *string { return &c.Server.TLSKeyFile }),
-	strSetting("server.enrollmentSecret", "", "must be at least 16 characters", "Secret that agents send as `Authorization: Bearer <secret>` on the OpAMP connection. Required.",
-		func(s string) bool { return len(s) >= 16 }, func(c *Config) *string { return &c.Server.EnrollmentSecret }),
+	strSetting("server.opampClientCaFile", "", "", "PEM CA bundle for OpAMP client certificates (mutual TLS, needs server.tlsCertFile): a certificate it signed authenticates the agent whose instance UID is the certificate's subject common name (or a urn:uuid: URI name). Empty: no client certificates.", nil,
+		func(c *Config) *string { return &c.Server.OpAMPClientCAFile }),
+	secret(strSetting("server.enrollmentSecret", "", "must be at least 16 characters", "Secret that agents send as `Authorization: Bearer <secret>` on the OpAMP connection to enroll; an agent that accepts OpAMP connection settings then gets its own credential. Required.",
+		func(s string) bool { return len(s) >= 16 }, func(c *Config) *string { return &c.Server.EnrollmentSecret })),
 	durSetting("server.lastSeenFlushInterval", "5s", 100*time.Millisecond, time.Minute,
 		"How often last-seen times and agent events are written in one batch.", func(c *Config) *time.Duration { return &c.Server.LastSeenFlushInterval }),
-	strSetting("database.url", "", "must be a postgres:// URL or a key=value connection string", "PostgreSQL connection string. Required (not with --dev).",
+	strSetting("server.httpTlsCertFile", "", "", "PEM certificate for the REST API/UI listener; empty serves plain HTTP. Read again when the file changes.", nil,
+		func(c *Config) *string { return &c.Server.HTTPTLSCertFile }),
+	strSetting("server.httpTlsKeyFile", "", "", "PEM key for server.httpTlsCertFile.", nil,
+		func(c *Config) *string { return &c.Server.HTTPTLSKeyFile }),
+	durSetting("server.httpReadHeaderTimeout", "10s", time.Second, 5*time.Minute,
+		"Time a client of the API/UI listener has to send the request headers.", func(c *Config) *time.Duration { return &c.Server.HTTPReadHeaderTimeout }),
+	durSetting("server.httpReadTimeout", "30s", time.Second, 10*time.Minute,
+		"Time to read a whole API/UI request, body included.", func(c *Config) *time.Duration { return &c.Server.HTTPReadTimeout }),
+	durSetting("server.httpWriteTimeout", "60s", time.Second, 10*time.Minute,
+		"Time to write an API/UI response.", func(c *Config) *time.Duration { return &c.Server.HTTPWriteTimeout }),
+	durSetting("server.httpIdleTimeout", "120s", time.Second, time.Hour,
+		"How long an idle keep-alive API/UI connection stays open.", func(c *Config) *time.Duration { return &c.Server.HTTPIdleTimeout }),
+	intSetting("server.maxRequestBytes", "4194304", 4096, 1<<30,
+		"Largest API/UI request body in bytes; larger ones get 413.", func(c *Config) *int64 { return &c.Server.MaxRequestBytes }),
+	intSetting("server.opampMaxMessageBytes", "4194304", 4096, 1<<30,
+		"Largest OpAMP message in bytes after gzip decompression (plain-HTTP body or WebSocket message); larger ones close the connection.",
+		func(c *Config) *int64 { return &c.Server.OpAMPMaxMessageBytes }),
+	intSetting("server.authFailuresPerMinute", "30", 1, 1000000,
+		"Failed authentications (API token, UI login, OpAMP secret or credential) one source address may make per minute; beyond it the source gets 429 without a check.",
+		func(c *Config) *int64 { return &c.Server.AuthFailuresPerMinute }),
+	durSetting("server.uiSessionTtl", "12h", time.Minute, 30*24*time.Hour,
+		"Lifetime of a UI login session (kept on the server; logout ends it).", func(c *Config) *time.Duration { return &c.Server.UISessionTTL }),
+	secret(strSetting("database.url", "", "must be a postgres:// URL or a key=value connection string", "PostgreSQL connection string. Required (not with --dev).",
 		func(s string) bool {
 			return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") || strings.Contains(s, "=")
 		},
-		func(c *Config) *string { return &c.Database.URL }),
+		func(c *Config) *string { return &c.Database.URL })),
 	intSetting("database.maxConns", "20", 2, 1000,
 		"Size of the pool of ordinary connections.", func(c *Config) *int64 { return &c.Database.MaxConns }),
 	durSetting("agents.offlineAfter", "90s", 10*time.Second, 24*time.Hour,
@@ -238,6 +290,9 @@ var Settings = []Setting{
 	durSetting("agents.reconcileInterval", "30s", time.Second, 10*time.Minute,
 		"Safety net of the event bus: how often a replica redelivers desired state that did not reach its agents.",
 		func(c *Config) *time.Duration { return &c.Agents.ReconcileInterval }),
+	intSetting("agents.reconnectsPerMinute", "30", 1, 100000,
+		"WebSocket connections one instance UID may open per minute on one replica; beyond it the agent gets 429 with Retry-After (a duplicated UID cannot storm).",
+		func(c *Config) *int64 { return &c.Agents.ReconnectsPerMinute }),
 	durSetting("jobs.offlineSweepInterval", "15s", time.Second, time.Hour,
 		"Interval of the offline sweeper (leader only).", func(c *Config) *time.Duration { return &c.Jobs.OfflineSweepInterval }),
 	durSetting("jobs.housekeepingInterval", "10m", 10*time.Second, 24*time.Hour,
@@ -276,6 +331,9 @@ var Settings = []Setting{
 	strSetting("log.format", "text", "must be text or json", "Log format.",
 		func(s string) bool { return s == "text" || s == "json" }, func(c *Config) *string { return &c.Log.Format }),
 }
+
+// secret marks a setting whose value is never echoed.
+func secret(s Setting) Setting { s.Secret = true; return s }
 
 // Lookup returns the setting of key (case-insensitive).
 func Lookup(key string) (Setting, bool) {
@@ -331,7 +389,8 @@ func Load(src Source) (*Config, error) {
 		for _, k := range keys {
 			s, ok := Lookup(k)
 			if !ok {
-				errs = append(errs, &FieldError{Field: k, Value: flat[k], Rule: "unknown key (" + name + ")"})
+				// The value is not shown: a misspelt secret key would echo the secret.
+				errs = append(errs, &FieldError{Field: k, Value: "(not shown)", Rule: "unknown key (" + name + ")"})
 				continue
 			}
 			values[s.Key] = flat[k]
@@ -369,7 +428,7 @@ func Load(src Source) (*Config, error) {
 	for k, v := range src.Overrides {
 		s, ok := Lookup(k)
 		if !ok {
-			errs = append(errs, &FieldError{Field: k, Value: v, Rule: "unknown key"})
+			errs = append(errs, &FieldError{Field: k, Value: "(not shown)", Rule: "unknown key"})
 			continue
 		}
 		values[s.Key] = v
@@ -388,7 +447,11 @@ func Load(src Source) (*Config, error) {
 			continue
 		}
 		if err := s.set(c, v); err != nil {
-			errs = append(errs, &FieldError{Field: s.Key, Value: fmt.Sprintf("%q (from %s)", v, origin[s.Key]), Rule: err.Error()})
+			shown := fmt.Sprintf("%q", v)
+			if s.Secret {
+				shown = fmt.Sprintf("(redacted, %d characters)", len(v))
+			}
+			errs = append(errs, &FieldError{Field: s.Key, Value: shown + " (from " + origin[s.Key] + ")", Rule: err.Error()})
 		}
 	}
 	if len(errs) == 0 {
@@ -412,6 +475,14 @@ func (c *Config) crossCheck() []error {
 	if (c.Server.TLSCertFile == "") != (c.Server.TLSKeyFile == "") {
 		errs = append(errs, &FieldError{Field: "server.tlsKeyFile", Value: fmt.Sprintf("%q", c.Server.TLSKeyFile),
 			Rule: "server.tlsCertFile and server.tlsKeyFile must be set together"})
+	}
+	if c.Server.OpAMPClientCAFile != "" && c.Server.TLSCertFile == "" {
+		errs = append(errs, &FieldError{Field: "server.opampClientCaFile", Value: fmt.Sprintf("%q", c.Server.OpAMPClientCAFile),
+			Rule: "needs server.tlsCertFile and server.tlsKeyFile (client certificates need TLS)"})
+	}
+	if (c.Server.HTTPTLSCertFile == "") != (c.Server.HTTPTLSKeyFile == "") {
+		errs = append(errs, &FieldError{Field: "server.httpTlsKeyFile", Value: fmt.Sprintf("%q", c.Server.HTTPTLSKeyFile),
+			Rule: "server.httpTlsCertFile and server.httpTlsKeyFile must be set together"})
 	}
 	if c.Agents.OfflineAfter <= 2*c.Server.LastSeenFlushInterval {
 		errs = append(errs, &FieldError{Field: "agents.offlineAfter", Value: c.Agents.OfflineAfter.String(),

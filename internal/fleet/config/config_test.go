@@ -80,7 +80,7 @@ func TestAllProblemsAreReportedTogether(t *testing.T) {
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	for _, want := range []string{"database.url", "server.enrollmentSecret", "ha.heartbeatInterval", "ha.nonsense: 1: unknown key"} {
+	for _, want := range []string{"database.url", "server.enrollmentSecret", "ha.heartbeatInterval", "ha.nonsense: (not shown): unknown key"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)
 		}
@@ -99,5 +99,36 @@ func TestBadYAMLShape(t *testing.T) {
 	}
 	if _, err := Load(Source{Environ: base, YAML: []byte("ha:\n  heartbeatInterval: [1]\n")}); err == nil {
 		t.Fatal("accepted a list value")
+	}
+}
+
+func TestSecretsAreNotEchoedInErrors(t *testing.T) {
+	const sec = "short-secret"
+	const dbURL = "postgres://admin:hunter2-password@db.internal:5432/fleet?sslmode=disable"
+	_, err := Load(Source{Environ: []string{"MYRIARCH_SERVER_ENROLLMENTSECRET=" + sec, "MYRIARCH_DATABASE_URL=" + dbURL,
+		"MYRIARCH_HA_LEADERSESSIONTIMEOUT=1s"}, YAML: []byte("server:\n  enrolmentSecret: typo-hunter2-secret\n")})
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	msg := err.Error()
+	for _, leak := range []string{sec, "hunter2"} {
+		if strings.Contains(msg, leak) {
+			t.Errorf("error echoes a secret %q:\n%s", leak, msg)
+		}
+	}
+	if !strings.Contains(msg, "server.enrollmentSecret: (redacted, 12 characters)") || !strings.Contains(msg, "server.enrolmentSecret") {
+		t.Errorf("error must still name the field and the rule:\n%s", msg)
+	}
+	// A bad database URL is named, not shown.
+	_, err = Load(Source{Environ: []string{"MYRIARCH_SERVER_ENROLLMENTSECRET=0123456789abcdef", "MYRIARCH_DATABASE_URL=mysql://root:hunter2@x/db"}})
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "database.url") {
+		t.Fatalf("database.url error: %v", err)
+	}
+}
+
+func TestHTTPTLSFilesGoTogether(t *testing.T) {
+	_, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_SERVER_HTTPTLSCERTFILE=/x.pem")})
+	if err == nil || !strings.Contains(err.Error(), "server.httpTlsKeyFile") {
+		t.Fatal(err)
 	}
 }

@@ -133,7 +133,9 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	}
 	d.batcher = lastseen.New(d.Store, cfg.Server.LastSeenFlushInterval, d.log, d.Reg)
 	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
-		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg})
+		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
+		MaxMessageBytes: cfg.Server.OpAMPMaxMessageBytes, AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute,
+		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter})
 
 	d.Elector, err = pgleader.New(pgleader.Config{
 		Pool: d.Store.Pool, LeaderSessionTimeout: cfg.HA.LeaderSessionTimeout, HeartbeatInterval: cfg.HA.HeartbeatInterval,
@@ -169,19 +171,23 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.Runner = jobs.NewRunner(leaderJobs, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
 
-	var tlsCfg *tls.Config
-	if cfg.Server.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("server.tlsCertFile: %w", err)
-		}
-		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	tlsCfg, err := tlsConfig("server.tlsCertFile", cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile, d.log)
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg, err = withClientCAs(tlsCfg, cfg.Server.OpAMPClientCAFile); err != nil {
+		return nil, err
+	}
+	httpTLS, err := tlsConfig("server.httpTlsCertFile", cfg.Server.HTTPTLSCertFile, cfg.Server.HTTPTLSKeyFile, d.log)
+	if err != nil {
+		return nil, err
 	}
 	if err := d.OpAMP.Start(cfg.Server.OpAMPListen, cfg.Server.OpAMPPath, tlsCfg); err != nil {
 		return nil, err
 	}
 
-	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
+	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log,
+		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
 	if poller != nil {
@@ -196,7 +202,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		return nil, fmt.Errorf("server.httpListen %s: %w", cfg.Server.HTTPListen, err)
 	}
 	d.httpAddr = l.Addr()
-	d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	d.httpSrv = newHTTPServer(cfg.Server, mux, httpTLS)
+	if httpTLS != nil {
+		l = tls.NewListener(l, httpTLS)
+	}
 	d.httpDone = make(chan struct{})
 	go func() {
 		defer close(d.httpDone)

@@ -44,6 +44,11 @@ type AgentOptions struct {
 	// OnCommand, when set, receives server commands (restart), and the
 	// agent declares AcceptsRestartCommand.
 	OnCommand func(*protobufs.ServerToAgentCommand)
+	// Credential makes the agent accept OpAMP connection settings: it
+	// keeps the credential that myriarchd offers and presents it instead
+	// of Secret from its next connection on, and takes a new instance UID
+	// when told to.
+	Credential bool
 }
 
 // Agent is a running opamp-go client that applies remote configs.
@@ -60,6 +65,9 @@ type Agent struct {
 	mu      sync.Mutex
 	configs []string
 	hash    []byte
+	cred    string
+	curUID  types.InstanceUid
+	offers  int
 }
 
 // StartAgent starts an agent. Stop it with Stop.
@@ -99,15 +107,36 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 	if o.OnCommand != nil {
 		caps |= protobufs.AgentCapabilities_AgentCapabilities_AcceptsRestartCommand
 	}
+	if o.Credential {
+		caps |= protobufs.AgentCapabilities_AgentCapabilities_AcceptsOpAMPConnectionSettings
+	}
+	a.curUID = a.UID
 	if err := a.Client.SetCapabilities(&caps); err != nil {
 		return nil, err
 	}
 	settings := types.StartSettings{
 		OpAMPServerURL: o.URL,
 		Header:         http.Header{"Authorization": []string{"Bearer " + o.Secret}},
-		InstanceUid:    a.UID,
-		TLSConfig:      o.TLS,
+		HeaderFunc: func(h http.Header) http.Header {
+			if c := a.Credential(); c != "" {
+				h.Set("Authorization", "Bearer "+c)
+			}
+			return h
+		},
+		InstanceUid: a.UID,
+		TLSConfig:   o.TLS,
 		Callbacks: types.Callbacks{
+			OnOpampConnectionSettings: func(_ context.Context, s *protobufs.OpAMPConnectionSettings) error {
+				for _, h := range s.GetHeaders().GetHeaders() {
+					if h.Key == "Authorization" {
+						a.mu.Lock()
+						a.cred, _ = strings.CutPrefix(h.Value, "Bearer ")
+						a.offers++
+						a.mu.Unlock()
+					}
+				}
+				return nil
+			},
 			OnConnect:       func(context.Context) { a.connected.Add(1) },
 			OnConnectFailed: func(context.Context, error) { a.connectErr.Add(1) },
 			OnCommand: func(_ context.Context, c *protobufs.ServerToAgentCommand) error {
@@ -117,6 +146,11 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 				return nil
 			},
 			OnMessage: func(ctx context.Context, msg *types.MessageData) {
+				if id := msg.AgentIdentification; id != nil && len(id.NewInstanceUid) == 16 {
+					a.mu.Lock()
+					a.curUID = types.InstanceUid(id.NewInstanceUid)
+					a.mu.Unlock()
+				}
 				if msg.RemoteConfig == nil {
 					return
 				}
@@ -172,6 +206,28 @@ func (a *Agent) Configs() []string {
 	return append([]string(nil), a.configs...)
 }
 
+// Credential is the agent credential myriarchd offered last ("" before).
+func (a *Agent) Credential() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cred
+}
+
+// CredentialOffers counts the credentials received.
+func (a *Agent) CredentialOffers() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.offers
+}
+
+// CurrentUID is the instance UID the agent uses now (a new one when
+// myriarchd told it to take one).
+func (a *Agent) CurrentUID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return uidString(a.curUID)
+}
+
 // Connects is how often the agent connected.
 func (a *Agent) Connects() int64 { return a.connected.Load() }
 
@@ -190,10 +246,12 @@ func (a *Agent) Stop(ctx context.Context) error {
 }
 
 // UIDString is the uid as myriarchd shows it.
-func (a *Agent) UIDString() string {
+func (a *Agent) UIDString() string { return uidString(a.UID) }
+
+func uidString(u types.InstanceUid) string {
 	const hexd = "0123456789abcdef"
 	b := make([]byte, 0, 36)
-	for i, x := range a.UID {
+	for i, x := range u {
 		if i == 4 || i == 6 || i == 8 || i == 10 {
 			b = append(b, '-')
 		}

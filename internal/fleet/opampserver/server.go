@@ -19,7 +19,6 @@ package opampserver
 
 import (
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
@@ -39,6 +38,7 @@ import (
 	"github.com/open-telemetry/opamp-go/server/types"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
@@ -64,6 +64,16 @@ type Options struct {
 	Secret     string
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
+	// MaxMessageBytes bounds one AgentToServer message after
+	// decompression; default 4 MiB.
+	MaxMessageBytes int64
+	// AuthFailuresPerMinute per source address; default 30.
+	AuthFailuresPerMinute int64
+	// ReconnectsPerMinute per instance UID on this replica; default 30.
+	ReconnectsPerMinute int64
+	// OfflineAfter: an agent whose connection was silent for longer may be
+	// replaced by a new connection of the same UID; default 90s.
+	OfflineAfter time.Duration
 }
 
 // Server is the OpAMP side of one replica.
@@ -85,7 +95,11 @@ type Server struct {
 	byUID map[string]*agentConn // WebSocket agents by uid
 	http  map[string]*httpAgent // plain-HTTP agents known to this process
 
+	failures   *authlimit.Limiter
+	reconnects *authlimit.Limiter
+
 	mConns    prometheus.GaugeFunc
+	mAuth     *prometheus.CounterVec
 	mMessages prometheus.Counter
 	mRejected prometheus.Counter
 	mConnects prometheus.Counter
@@ -95,6 +109,10 @@ type agentConn struct {
 	conn   types.Connection
 	connID string
 	ws     bool
+	// auth is how the connection authenticated.
+	auth connAuth
+	// lastMsg is when the last message arrived (unix nanoseconds).
+	lastMsg atomic.Int64
 
 	mu       sync.Mutex
 	uid      string
@@ -133,15 +151,30 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.MaxMessageBytes == 0 {
+		o.MaxMessageBytes = 4 << 20
+	}
+	if o.AuthFailuresPerMinute == 0 {
+		o.AuthFailuresPerMinute = 30
+	}
+	if o.ReconnectsPerMinute == 0 {
+		o.ReconnectsPerMinute = 30
+	}
+	if o.OfflineAfter == 0 {
+		o.OfflineAfter = 90 * time.Second
+	}
 	s := &Server{o: o, log: o.Log.With("component", "opamp"), conns: map[types.Connection]*agentConn{},
-		byUID: map[string]*agentConn{}, http: map[string]*httpAgent{}}
+		byUID: map[string]*agentConn{}, http: map[string]*httpAgent{},
+		failures: authlimit.New(o.AuthFailuresPerMinute), reconnects: authlimit.New(o.ReconnectsPerMinute)}
 	s.mConns = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "myriarch_opamp_connections", Help: "Open OpAMP WebSocket connections on this replica."},
 		func() float64 { return float64(s.Connections()) })
 	s.mMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_messages_total", Help: "OpAMP messages received."})
-	s.mRejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_rejected_total", Help: "OpAMP connections refused (bad enrollment secret or stopping)."})
+	s.mRejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_rejected_total", Help: "OpAMP connections refused (bad secret or credential, revoked, duplicate, rate limit, too large, or stopping)."})
 	s.mConnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_connects_total", Help: "OpAMP WebSocket connections accepted."})
+	s.mAuth = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_opamp_authenticated_total",
+		Help: "OpAMP connections and plain-HTTP polls accepted, by how they authenticated: secret (enrollment), credential or certificate."}, []string{"method"})
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects)
+		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects, s.mAuth)
 	}
 	s.opamp = server.New(nil)
 	s.handler, s.connCtx, _ = s.opamp.Attach(server.Settings{Callbacks: types.Callbacks{OnConnecting: s.onConnecting}})
@@ -158,8 +191,11 @@ func (s *Server) Start(addr, path string, tlsCfg *tls.Config) error {
 		l = tls.NewListener(l, tlsCfg)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc(path, s.handler)
-	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second}
+	mux.Handle(path, s.limit(http.HandlerFunc(s.handler)))
+	// No read or write timeout: WebSocket connections last for hours. A
+	// plain-HTTP body is bounded by MaxMessageBytes (s.limit).
+	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	s.addr = l.Addr()
 	s.served = make(chan struct{})
 	go func() {
@@ -260,18 +296,52 @@ func (s *Server) FinalFlush(ctx context.Context) error {
 }
 
 func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
+	refuse := func(code int, retry string) types.ConnectionResponse {
+		s.mRejected.Inc()
+		resp := types.ConnectionResponse{Accept: false, HTTPStatusCode: code}
+		if retry != "" {
+			resp.HTTPResponseHeader = map[string]string{"Retry-After": retry}
+		}
+		return resp
+	}
 	if s.stopping.Load() {
-		s.mRejected.Inc()
-		return types.ConnectionResponse{Accept: false, HTTPStatusCode: http.StatusServiceUnavailable,
-			HTTPResponseHeader: map[string]string{"Retry-After": "1"}}
+		return refuse(http.StatusServiceUnavailable, "1")
 	}
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(s.o.Secret)) != 1 {
-		s.mRejected.Inc()
-		return types.ConnectionResponse{Accept: false, HTTPStatusCode: http.StatusUnauthorized}
+	src := authlimit.Source(r)
+	if s.failures.Blocked(src) {
+		return refuse(http.StatusTooManyRequests, authlimit.RetryAfter)
 	}
+	a, code := s.authenticate(r)
+	switch code {
+	case http.StatusUnauthorized:
+		s.failures.Add(src)
+		return refuse(code, "")
+	case 0:
+	default:
+		return refuse(code, "5")
+	}
+	ws := r.Header.Get("Upgrade") != ""
+	if a.uid != "" && ws {
+		// A credential names its UID before the upgrade: a duplicate or a
+		// reconnect storm is refused here, so the client backs off.
+		if !s.reconnects.Allow(a.uid) {
+			return refuse(http.StatusTooManyRequests, "30")
+		}
+		if s.liveConn(a.uid) != nil {
+			s.log.Warn("refused a second connection for an agent that is connected here; is its credential copied?", "agent", a.uid, "source", src)
+			return refuse(http.StatusConflict, "30")
+		}
+	}
+	method := "secret"
+	switch {
+	case a.cert:
+		method = "certificate"
+	case a.uid != "":
+		method = "credential"
+	}
+	s.mAuth.WithLabelValues(method).Inc()
 	return types.ConnectionResponse{Accept: true, ConnectionCallbacks: types.ConnectionCallbacks{
-		OnConnected:       s.onConnected,
+		OnConnected:       func(ctx context.Context, c types.Connection) { s.onConnected(ctx, c, a) },
 		OnMessage:         s.onMessage,
 		OnConnectionClose: s.onClose,
 	}}
@@ -282,9 +352,11 @@ func isWS(c types.Connection) bool {
 	return !strings.Contains(fmt.Sprintf("%T", c), "httpConnection")
 }
 
-func (s *Server) onConnected(_ context.Context, c types.Connection) {
-	ac := &agentConn{conn: c, ws: isWS(c)}
+func (s *Server) onConnected(_ context.Context, c types.Connection, a connAuth) {
+	ac := &agentConn{conn: c, ws: isWS(c), auth: a}
+	ac.lastMsg.Store(time.Now().UnixNano())
 	if ac.ws {
+		setReadLimit(c, s.o.MaxMessageBytes)
 		ac.connID = s.o.Nonce + "#" + strconv.FormatInt(s.seq.Add(1), 10)
 		s.mConnects.Inc()
 	} else {
@@ -346,6 +418,13 @@ func (s *Server) onMessage(ctx context.Context, c types.Connection, msg *protobu
 	if ac == nil || len(msg.InstanceUid) == 0 {
 		return resp
 	}
+	ac.lastMsg.Store(now.UnixNano())
+	if ac.auth.uid != "" && uid != ac.auth.uid {
+		// A credential speaks for its own UID only.
+		s.mRejected.Inc()
+		s.log.Warn("an agent credential was used for another instance UID; closing the connection", "credential_of", ac.auth.uid, "claimed", uid)
+		return s.refuseMessage(ac, msg)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if ac.ws {
@@ -359,6 +438,10 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 	defer ac.mu.Unlock()
 	first := ac.uid == ""
 	if first {
+		var ok bool
+		if uid, ok = s.admit(ctx, ac, uid, msg, resp); !ok {
+			return s.refuseMessage(ac, msg)
+		}
 		if _, err := s.o.Store.Connected(ctx, uid, s.o.ReplicaID, ac.connID, now); err != nil {
 			s.log.Warn("recording a connect failed; closing the connection so that the agent retries", "agent", uid, "error", err)
 			_ = ac.conn.Disconnect()
@@ -408,7 +491,7 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 // marked offline or polled another replica meanwhile.
 const httpReconnectGap = time.Minute
 
-func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now time.Time) *protobufs.ServerToAgent {
+func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now time.Time) *protobufs.ServerToAgent {
 	s.mu.Lock()
 	ha := s.http[uid]
 	first := ha == nil
@@ -421,6 +504,14 @@ func (s *Server) onHTTPMessage(ctx context.Context, _ *agentConn, uid string, ms
 	prev := time.Unix(0, ha.seen.Swap(now.UnixNano()))
 	ha.mu.Lock()
 	defer ha.mu.Unlock()
+	if first {
+		if _, ok := s.admit(ctx, ac, uid, msg, resp); !ok {
+			s.mu.Lock()
+			delete(s.http, uid)
+			s.mu.Unlock()
+			return s.refuseMessage(ac, msg)
+		}
+	}
 	if first || now.Sub(prev) > httpReconnectGap {
 		connect, err := s.o.Store.ConnectedHTTP(ctx, uid, s.o.ReplicaID, HTTPConnID, now)
 		if err != nil {
@@ -642,6 +733,14 @@ func anyString(v *protobufs.AnyValue) string {
 // or store.RestartNotifyPrefix and one): it delivers the desired config,
 // or a restart command, to agent uid if it is connected here.
 func (s *Server) Push(ctx context.Context, payload string) {
+	if uid, ok := strings.CutPrefix(payload, store.RevokeNotifyPrefix); ok {
+		s.revoke(uid)
+		return
+	}
+	if uid, ok := strings.CutPrefix(payload, store.RotateNotifyPrefix); ok {
+		s.rotate(ctx, uid)
+		return
+	}
 	uid, restart := strings.CutPrefix(payload, store.RestartNotifyPrefix)
 	s.mu.Lock()
 	ac := s.byUID[uid]
@@ -720,7 +819,8 @@ func (s *Server) deliver(ctx context.Context, ac *agentConn, want store.Desired)
 // Reconcile is the event bus's safety net: it compares the desired config
 // of every agent connected here with what the agent reported and was sent,
 // and delivers what is missing (a notification that was lost while the
-// listener session reconnected), restart requests included.
+// listener session reconnected), restart requests, credential rotations
+// and revocations included.
 func (s *Server) Reconcile(ctx context.Context) error {
 	s.mu.Lock()
 	uids := make([]string, 0, len(s.byUID))
@@ -755,6 +855,21 @@ func (s *Server) Reconcile(ctx context.Context) error {
 		}
 		for uid, at := range p {
 			s.restart(ctx, acs[uid], at)
+		}
+		// Revocations and rotations whose notification was lost.
+		rev, err := s.o.Store.RevokedAmong(ctx, uids[:n])
+		if err != nil {
+			return err
+		}
+		for uid := range rev {
+			s.revoke(uid)
+		}
+		rot, err := s.o.Store.PendingRotations(ctx, uids[:n])
+		if err != nil {
+			return err
+		}
+		for uid := range rot {
+			s.rotate(ctx, uid)
 		}
 		uids = uids[n:]
 	}

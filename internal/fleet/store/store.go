@@ -467,12 +467,14 @@ type Token struct {
 	RevokedAt *time.Time `json:"revoked_at"`
 	// RevokedBy says who revoked it (a token name or the command line).
 	RevokedBy string `json:"revoked_by"`
+	// Role is viewer, operator or admin (see Role).
+	Role Role `json:"role"`
 }
 
 // Active reports whether the token is not revoked.
 func (t Token) Active() bool { return t.RevokedAt == nil }
 
-const tokenCols = "id, name, created_at, last_used_at, revoked_at, revoked_by"
+const tokenCols = "id, name, created_at, last_used_at, revoked_at, revoked_by, role"
 
 // CreateToken creates an API token named name and returns it; only its
 // SHA-256 hash is stored.
@@ -482,17 +484,26 @@ func (s *Store) CreateToken(ctx context.Context, name string) (string, error) {
 }
 
 // IssueToken is CreateToken that also returns the stored record (its id
-// is what revokes it).
+// is what revokes it). The token is an admin token; IssueTokenRole picks
+// the role.
 func (s *Store) IssueToken(ctx context.Context, name string) (Token, string, error) {
+	return s.IssueTokenRole(ctx, name, RoleAdmin)
+}
+
+// IssueTokenRole creates an API token with role.
+func (s *Store) IssueTokenRole(ctx context.Context, name string, role Role) (Token, string, error) {
 	if strings.TrimSpace(name) == "" {
 		return Token{}, "", errors.New("token name must not be empty")
+	}
+	if _, err := ParseRole(string(role)); err != nil {
+		return Token{}, "", err
 	}
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return Token{}, "", err
 	}
 	tok := TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
-	rows, err := s.Pool.Query(ctx, "INSERT INTO api_tokens (name, hash) VALUES ($1, $2) RETURNING "+tokenCols, name, hashToken(tok))
+	rows, err := s.Pool.Query(ctx, "INSERT INTO api_tokens (name, hash, role) VALUES ($1, $2, $3) RETURNING "+tokenCols, name, hashToken(tok), string(role))
 	if err != nil {
 		return Token{}, "", err
 	}

@@ -11,23 +11,25 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// mountAgentActions adds the agent page's two actions. They are POST
-// forms; the session cookie is SameSite=Strict and a cross-origin Origin
-// is refused, so another site cannot submit them.
-func (h *handler) mountAgentActions(mux *http.ServeMux) {
-	mux.HandleFunc("POST /ui/agents/{uid}/restart", h.auth(h.sameOrigin(h.restartAgent)))
-	mux.HandleFunc("POST /ui/agents/{uid}/clear-config", h.auth(h.sameOrigin(h.clearConfig)))
+// mountAgentActions adds the agent page's actions. They are POST forms;
+// the session cookie is SameSite=Strict and every UI route refuses a
+// cross-origin POST (h.route), so another site cannot submit them.
+func (h *handler) mountAgentActions() {
+	h.route(store.RoleOperator, "POST /ui/agents/{uid}/restart", h.restartAgent)
+	h.route(store.RoleOperator, "POST /ui/agents/{uid}/clear-config", h.clearConfig)
+	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/revoke", h.revokeAgent)
 }
 
-func (h *handler) sameOrigin(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if o := r.Header.Get("Origin"); o != "" {
-			if u, err := url.Parse(o); err != nil || u.Host != r.Host {
-				http.Error(w, "cross-origin request refused", http.StatusForbidden)
-				return
-			}
-		}
-		next(w, r)
+func (h *handler) revokeAgent(w http.ResponseWriter, r *http.Request) {
+	_, err := h.a.RevokeAgent(r.Context(), r.PathValue("uid"))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		http.Error(w, "no agent "+r.PathValue("uid"), http.StatusNotFound)
+	case err != nil:
+		h.fail(w, err)
+	default:
+		h.log.Info("agent revoked from the UI", "agent", r.PathValue("uid"), "token", api.TokenName(r.Context()))
+		backToAgent(w, r, "revoked")
 	}
 }
 
@@ -36,6 +38,7 @@ func (h *handler) sameOrigin(next http.HandlerFunc) http.HandlerFunc {
 var notices = map[string]string{
 	"restart": "Restart requested; the replica the agent is connected to sends it.",
 	"cleared": "Desired config cleared; the agent is sent an empty config.",
+	"revoked": "Agent revoked: it is disconnected and can neither connect nor enroll again.",
 }
 
 // backToAgent redirects to the agent's page with a notice.

@@ -18,23 +18,18 @@ import (
 // mountRollouts adds the configuration and rollout pages. Unlike the other
 // pages they also change state (create, pause, resume, abort, roll back),
 // through the same services as the REST API, as the logged-in token.
-func (h *handler) mountRollouts(mux *http.ServeMux) {
-	mux.HandleFunc("GET /ui/configs", h.auth(h.configs))
-	mux.HandleFunc("GET /ui/configs/{name}", h.auth(h.config))
-	mux.HandleFunc("GET /ui/rollouts", h.auth(h.rollouts))
-	mux.HandleFunc("POST /ui/rollouts", h.auth(h.createRollout))
-	mux.HandleFunc("GET /ui/rollouts/{id}", h.auth(h.rollout))
-	mux.HandleFunc("POST /ui/rollouts/{id}/{command}", h.auth(h.rolloutCommand))
+func (h *handler) mountRollouts() {
+	h.route(store.RoleViewer, "GET /ui/configs", h.configs)
+	h.route(store.RoleViewer, "GET /ui/configs/{name}", h.config)
+	h.route(store.RoleViewer, "GET /ui/rollouts", h.rollouts)
+	h.route(store.RoleOperator, "POST /ui/rollouts", h.createRollout)
+	h.route(store.RoleViewer, "GET /ui/rollouts/{id}", h.rollout)
+	h.route(store.RoleOperator, "POST /ui/rollouts/{id}/{command}", h.rolloutCommand)
 }
 
 // who names the logged-in token (created_by of a rollout).
 func (h *handler) who(r *http.Request) string {
-	c, err := r.Cookie(CookieName)
-	if err != nil {
-		return "ui"
-	}
-	name, _ := h.a.Authenticate(r.Context(), c.Value)
-	return "ui (token " + name + ")"
+	return "ui (token " + api.TokenName(r.Context()) + ")"
 }
 
 func (h *handler) configs(w http.ResponseWriter, r *http.Request) {

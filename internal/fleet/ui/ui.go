@@ -2,14 +2,21 @@
 // with their assets embedded in the binary, so `go build` needs no Node.
 //
 // The UI uses the API tokens: the login form takes a token, checks it and
-// keeps it in an HttpOnly, SameSite=Strict cookie. Every page needs it.
-// The pages read, except the agent page's restart and clear-config forms,
-// which call the same functions as the REST API.
+// opens a server-side session; the browser keeps only the session's opaque
+// id in an HttpOnly, SameSite=Strict cookie (Secure on TLS). The session
+// expires on the server (server.uiSessionTtl), ends on logout and with the
+// revocation of its token. Every page needs it, and every page and form
+// declares the role it needs (h.route), like the API's endpoints.
+//
+// Every UI route goes through net/http's CrossOriginProtection, which
+// refuses a cross-origin POST (Sec-Fetch-Site, Origin), so a write form
+// added later is protected without a change of its own.
 package ui
 
 import (
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -21,18 +28,19 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 //go:embed templates/*.html static/*
 var assets embed.FS
 
-// CookieName holds the API token of a logged-in browser.
+// CookieName holds the session id of a logged-in browser.
 const CookieName = "myriarch_session"
 
 var pages = func() map[string]*template.Template {
 	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b },
-		"health": parseHealth, "capnames": store.CapabilityNames,
+		"health": parseHealth, "capnames": store.CapabilityNames, "can": can,
 		"selector": configs.FormatSelector, "join": strings.Join,
 		"total": func(m map[string]int) int {
 			n := 0
@@ -61,28 +69,58 @@ type page struct {
 	Data    any
 	// Refresh reloads the page every few seconds (a running rollout).
 	Refresh bool
+	// Role of the session's token: forms it may not use are not shown
+	// (the routes refuse them anyway).
+	Role store.Role
 }
 
+// can reports whether role may use what needs need (templates).
+func can(role store.Role, need string) bool { return role.Allows(store.Role(need)) }
+
 type handler struct {
-	a   *api.API
-	log *slog.Logger
+	a      *api.API
+	log    *slog.Logger
+	mux    *http.ServeMux
+	cop    *http.CrossOriginProtection
+	routes []api.Route
 }
 
 // Mount adds the UI under /ui/ to mux (the daemon's Mount hook).
-func Mount(mux *http.ServeMux, a *api.API) {
-	h := &handler{a: a, log: slog.Default()}
+func Mount(mux *http.ServeMux, a *api.API) { mount(mux, a) }
+
+func mount(mux *http.ServeMux, a *api.API) *handler {
+	h := &handler{a: a, log: slog.Default(), mux: mux, cop: http.NewCrossOriginProtection()}
 	static, _ := fs.Sub(assets, "static")
-	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", http.FileServerFS(static)))
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })
-	mux.HandleFunc("GET /ui/login", h.loginForm)
-	mux.HandleFunc("POST /ui/login", h.login)
-	mux.HandleFunc("POST /ui/logout", h.logout)
-	mux.HandleFunc("GET /ui/{$}", h.auth(h.overview))
-	mux.HandleFunc("GET /ui/agents", h.auth(h.agents))
-	mux.HandleFunc("GET /ui/agents/{uid}", h.auth(h.agent))
-	mux.HandleFunc("GET /ui/cluster", h.auth(h.cluster))
-	h.mountAgentActions(mux)
-	h.mountRollouts(mux)
+	h.public("GET /ui/static/", http.StripPrefix("/ui/static/", http.FileServerFS(static)).ServeHTTP)
+	h.public("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusFound) })
+	h.public("GET /ui/login", h.loginForm)
+	h.public("POST /ui/login", h.login)
+	h.public("POST /ui/logout", h.logout)
+	h.route(store.RoleViewer, "GET /ui/{$}", h.overview)
+	h.route(store.RoleViewer, "GET /ui/agents", h.agents)
+	h.route(store.RoleViewer, "GET /ui/agents/{uid}", h.agent)
+	h.route(store.RoleViewer, "GET /ui/cluster", h.cluster)
+	h.mountAgentActions()
+	h.mountRollouts()
+	return h
+}
+
+// Routes lists the UI's routes and the role each needs (api.Public: no
+// session), for the role table test.
+func Routes() []api.Route { return mount(http.NewServeMux(), nil).routes }
+
+// public registers a route that needs no session, behind the
+// cross-origin protection.
+func (h *handler) public(pattern string, f http.HandlerFunc) {
+	h.routes = append(h.routes, api.Route{Pattern: pattern, Role: api.Public})
+	h.mux.Handle(pattern, h.cop.Handler(f))
+}
+
+// route registers a page or form for sessions whose token has role,
+// behind the cross-origin protection.
+func (h *handler) route(role store.Role, pattern string, f http.HandlerFunc) {
+	h.routes = append(h.routes, api.Route{Pattern: pattern, Role: role})
+	h.mux.Handle(pattern, h.cop.Handler(h.auth(role, f)))
 }
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
@@ -94,7 +132,7 @@ func (h *handler) renderRefresh(w http.ResponseWriter, r *http.Request, name, ti
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Frame-Options", "DENY")
-	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data, Refresh: refresh}); err != nil {
+	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data, Role: api.TokenRole(r.Context()), Refresh: refresh}); err != nil {
 		h.log.Warn("rendering a page failed", "page", name, "error", err)
 	}
 }
@@ -103,21 +141,31 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 	http.Error(w, "myriarchd: "+err.Error(), http.StatusInternalServerError)
 }
 
-func (h *handler) auth(next http.HandlerFunc) http.HandlerFunc {
+func (h *handler) auth(role store.Role, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c, err := r.Cookie(CookieName)
-		if err == nil && c.Value != "" {
-			name, err := h.a.Authenticate(r.Context(), c.Value)
-			if err != nil {
-				h.fail(w, err)
-				return
-			}
-			if name != "" {
-				next(w, r)
-				return
-			}
+		if err != nil || c.Value == "" {
+			http.Redirect(w, r, "/ui/login", http.StatusFound)
+			return
 		}
-		http.Redirect(w, r, "/ui/login", http.StatusFound)
+		t, err := h.a.Session(r.Context(), authlimit.Source(r), c.Value)
+		switch {
+		case errors.Is(err, api.ErrInvalidToken):
+			http.Redirect(w, r, "/ui/login", http.StatusFound)
+			return
+		case errors.Is(err, api.ErrTooManyFailures):
+			w.Header().Set("Retry-After", authlimit.RetryAfter)
+			http.Error(w, "myriarchd: "+err.Error(), http.StatusTooManyRequests)
+			return
+		case err != nil:
+			http.Error(w, "myriarchd: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if !t.Role.Allows(role) {
+			http.Error(w, fmt.Sprintf("myriarchd: this action needs role %s; you are logged in with token %q of role %s", role, t.Name, t.Role), http.StatusForbidden)
+			return
+		}
+		next(w, r.WithContext(api.WithToken(r.Context(), t)))
 	}
 }
 
@@ -127,23 +175,40 @@ func (h *handler) loginForm(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	tok := strings.TrimSpace(r.PostFormValue("token"))
-	name, err := h.a.Authenticate(r.Context(), tok)
-	if err != nil {
-		h.fail(w, err)
-		return
-	}
-	if name == "" {
+	t, err := h.a.Check(r.Context(), authlimit.Source(r), tok)
+	switch {
+	case errors.Is(err, api.ErrInvalidToken):
 		w.WriteHeader(http.StatusUnauthorized)
 		h.render(w, r, "login", "Log in", struct{ Error string }{"Invalid API token."})
 		return
+	case errors.Is(err, api.ErrTooManyFailures):
+		w.Header().Set("Retry-After", authlimit.RetryAfter)
+		w.WriteHeader(http.StatusTooManyRequests)
+		h.render(w, r, "login", "Log in", struct{ Error string }{"Too many failed logins from this address; retry in a minute."})
+		return
+	case err != nil:
+		http.Error(w, "myriarchd: "+err.Error(), http.StatusServiceUnavailable)
+		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: tok, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: r.TLS != nil})
+	id, ttl, err := h.a.OpenSession(r.Context(), t)
+	if err != nil {
+		h.log.Warn("opening a UI session failed", "error", err)
+		http.Error(w, "myriarchd: opening a session failed; retry later", http.StatusServiceUnavailable)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil, MaxAge: int(ttl.Seconds())})
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/ui", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
+		if err := h.a.CloseSession(r.Context(), c.Value); err != nil {
+			h.log.Warn("ending a UI session failed", "error", err)
+		}
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/ui", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil})
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }
 

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/pgtest"
+)
+
+// `token create --role` and `agent revoke|rotate-credential`.
+func TestTokenRolesAndAgentRevocation(t *testing.T) {
+	pg := pgtest.New(t)
+	t.Setenv("MYRIARCH_DATABASE_URL", pg.DSN(""))
+	d := inProcessReplica(t, pg.DSN(""), "replica-s", nil)
+	ctx := context.Background()
+	dispatch := func(args ...string) (string, string, int) {
+		var out, errb syncBuf
+		code := commands.Dispatch(args, &out, &errb)
+		return out.String(), errb.String(), code
+	}
+	if _, errOut, code := dispatch("token", "create", "--name", "x", "--role", "root"); code == 0 || !strings.Contains(errOut, `role "root": must be one of viewer, operator, admin`) {
+		t.Fatalf("bad role: %d %q", code, errOut)
+	}
+	viewer, errOut, code := dispatch("token", "create", "--name", "v", "--role", "viewer")
+	if code != 0 || !regexp.MustCompile(`\(v, role viewer\)`).MatchString(errOut) {
+		t.Fatalf("create viewer: %d %q", code, errOut)
+	}
+	viewer = strings.TrimSpace(viewer)
+	admin, _, _ := dispatch("token", "create", "--name", "a")
+	admin = strings.TrimSpace(admin)
+	base := "http://" + d.HTTPAddr().String()
+	if c := get(t, base+"/api/v1/agents", viewer); c != 200 {
+		t.Fatalf("viewer reads: %d", c)
+	}
+	if c := get(t, base+"/api/v1/tokens", viewer); c != 403 {
+		t.Fatalf("viewer lists tokens: %d", c)
+	}
+
+	ag, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + d.OpAMPAddr().String() + "/v1/opamp", Secret: testSecret, Credential: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Stop(ctx)
+	if !fleettest.Eventually(30*time.Second, func() bool { return ag.Credential() != "" }) {
+		t.Fatal("no credential")
+	}
+	first := ag.Credential()
+	flags := []string{"--server", base}
+	if _, errOut, code := dispatch(append([]string{"agent", "rotate-credential", ag.UIDString(), "--token", viewer}, flags...)...); code == 0 || !strings.Contains(errOut, "needs role admin") {
+		t.Fatalf("viewer rotates: %d %q", code, errOut)
+	}
+	if _, errOut, code := dispatch(append([]string{"agent", "rotate-credential", ag.UIDString(), "--token", admin}, flags...)...); code != 0 {
+		t.Fatalf("rotate: %d %q", code, errOut)
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool { return ag.Credential() != first }) {
+		t.Fatal("rotated credential never arrived")
+	}
+	if _, errOut, code := dispatch(append([]string{"agent", "revoke", ag.UIDString(), "--token", admin}, flags...)...); code != 0 {
+		t.Fatalf("revoke: %d %q", code, errOut)
+	}
+	if !fleettest.Eventually(30*time.Second, func() bool { return d.OpAMP.Connections() == 0 && ag.ConnectFailures() > 0 }) {
+		t.Fatal("the revoked agent stayed connected or reconnected")
+	}
+}

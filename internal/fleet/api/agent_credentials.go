@@ -1,0 +1,74 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/myriarch/myriarch/internal/fleet/store"
+)
+
+// registerAgentCredentials adds the admin endpoints of agents' own
+// credentials: show, rotate, revoke.
+func (a *API) registerAgentCredentials(mux *http.ServeMux) {
+	a.route(mux, store.RoleAdmin, "GET /api/v1/agents/{uid}/credential", a.getCredential)
+	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/credential/rotate", a.rotateCredential)
+	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/revoke", a.revokeAgent)
+}
+
+func (a *API) getCredential(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	c, ok, err := a.o.Store.AgentCredentialOf(r.Context(), uid)
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if !ok {
+		writeErr(w, http.StatusNotFound, "agent "+uid+" has no credential (it connects with the enrollment secret, or is unknown)")
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
+}
+
+// RotateCredential asks the replica agent uid is connected to for a new
+// credential (also used by the UI and the CLI through the API).
+func (a *API) RotateCredential(ctx context.Context, uid string) error {
+	return a.o.Store.RequestCredentialRotation(ctx, uid)
+}
+
+func (a *API) rotateCredential(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	err := a.RotateCredential(r.Context(), uid)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeErr(w, http.StatusNotFound, "agent "+uid+" has no credential to rotate")
+	case errors.Is(err, store.ErrRevoked):
+		writeErr(w, http.StatusConflict, "agent "+uid+" is revoked")
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	default:
+		a.o.Log.Info("agent credential rotation requested", "agent", uid, "token", TokenName(r.Context()))
+		writeJSON(w, http.StatusAccepted, map[string]string{"instance_uid": uid,
+			"status": "requested; the replica the agent is connected to sends it a new credential"})
+	}
+}
+
+// RevokeAgent revokes agent uid: it is disconnected at once on every
+// replica and can neither connect nor enroll again (also used by the UI).
+func (a *API) RevokeAgent(ctx context.Context, uid string) (store.AgentCredential, error) {
+	return a.o.Store.RevokeAgent(ctx, uid, tokenRef(ctx))
+}
+
+func (a *API) revokeAgent(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	c, err := a.RevokeAgent(r.Context(), uid)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeErr(w, http.StatusNotFound, "no agent "+uid)
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	default:
+		a.o.Log.Info("agent revoked", "agent", uid, "by", c.RevokedBy)
+		writeJSON(w, http.StatusOK, c)
+	}
+}
