@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,10 +39,11 @@ func init() {
 	})
 }
 
-const rolloutBenchUsage = `Usage: myriarchd rollout-bench [--agents 10000] [--waves 1,10%,50%,100%] [--max-in-progress 1000]
-        [--bake 5s] [--interval 2s] [--dsn URL]
+const rolloutBenchUsage = `Usage: myriarch-loadagents rollout-bench [--agents 10000] [--waves 1,10%,50%,100%] [--max-in-progress 1000]
+        [--bake 5s] [--interval 2s] [--dsn URL] [--myriarchd PATH]
 Starts a private PostgreSQL (unless --dsn names an empty database), one
-replica as a child process (myriarchd serve), N simulated OpAMP agents
+replica as a child process (myriarchd serve; --myriarchd names the binary,
+default: the one next to this program, else the one in PATH), N simulated OpAMP agents
 (opamp-go WebSocket clients) in this process, then rolls one revision out
 to all of them and prints JSON lines: the time to plan, each wave's time
 to apply and to pass its gate, database writes per second and the
@@ -57,6 +59,7 @@ func runRolloutBench(args []string, stdout, stderr io.Writer) int {
 	bake := fs.Duration("bake", 5*time.Second, "bake time of each wave")
 	interval := fs.Duration("interval", 2*time.Second, "jobs.rolloutInterval of the replica")
 	dsn := fs.String("dsn", "", "PostgreSQL of an empty database; default: a private one")
+	bin := fs.String("myriarchd", "", "the myriarchd binary; default: next to this program, else in PATH")
 	if err := fs.Parse(args); err != nil {
 		return cli.ExitUsage
 	}
@@ -66,7 +69,7 @@ func runRolloutBench(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := rolloutBench(ctx, benchOptions{agents: *n, waves: strings.Split(*waves, ","), maxIn: *maxIn, bake: *bake, interval: *interval, dsn: *dsn},
+	if err := rolloutBench(ctx, benchOptions{agents: *n, waves: strings.Split(*waves, ","), maxIn: *maxIn, bake: *bake, interval: *interval, dsn: *dsn, myriarchd: *bin},
 		stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "rollout-bench:", err)
 		return 1
@@ -81,6 +84,24 @@ type benchOptions struct {
 	bake     time.Duration
 	interval time.Duration
 	dsn      string
+	// myriarchd is the binary of the replica ("" finds it).
+	myriarchd string
+}
+
+// findMyriarchd returns the myriarchd binary: the one next to this
+// program (a `go build -o bin/ ./cmd/...` layout), else the one in PATH.
+func findMyriarchd() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "myriarchd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("myriarchd")
+	if err != nil {
+		return "", fmt.Errorf("no myriarchd binary next to this program or in PATH; name it with --myriarchd: %w", err)
+	}
+	return p, nil
 }
 
 func emitJSON(w io.Writer, v map[string]any) {
@@ -104,9 +125,11 @@ func rolloutBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer)
 	defer pool.Close()
 
 	// The replica, a child process: its CPU is its own.
-	exe, err := os.Executable()
-	if err != nil {
-		return err
+	exe := o.myriarchd
+	if exe == "" {
+		if exe, err = findMyriarchd(); err != nil {
+			return err
+		}
 	}
 	port := func() string {
 		p, _ := pgtest.FreePort("127.0.0.1")
@@ -116,9 +139,7 @@ func rolloutBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer)
 	const secret = "rollout-bench-secret-0123"
 	settings := map[string]string{"database.url": o.dsn, "server.enrollmentSecret": secret, "ha.replicaId": "bench",
 		"server.httpListen": httpAddr, "server.opampListen": opampAddr, "jobs.rolloutInterval": o.interval.String(), "log.level": "warn"}
-	// MYRIARCHD_TEST_REEXEC lets a test binary run as myriarchd (see
-	// kill_test.go); the real binary ignores it.
-	env := []string{"MYRIARCHD_TEST_REEXEC=1"}
+	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MYRIARCH_") {
 			env = append(env, kv)

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/myriarch/myriarch/internal/pgtest"
@@ -13,9 +17,13 @@ import (
 // it by hand.
 func TestRolloutBenchCommand(t *testing.T) {
 	pg := pgtest.New(t)
+	bin := filepath.Join(t.TempDir(), "myriarchd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../myriarchd").CombinedOutput(); err != nil {
+		t.Fatalf("building myriarchd: %v\n%s", err, out)
+	}
 	var out, errb syncBuf
 	code := commands.Dispatch([]string{"rollout-bench", "--agents", "30", "--bake", "0s", "--interval", "200ms", "--max-in-progress", "10",
-		"--dsn", pg.DSN("")}, &out, &errb)
+		"--dsn", pg.DSN(""), "--myriarchd", bin}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s\n%s", code, out.String(), errb.String())
 	}
@@ -33,4 +41,22 @@ func TestRolloutBenchCommand(t *testing.T) {
 	if events["agents_connected"] != 1 || events["planned"] != 1 || events["wave"] != 4 || events["total"] != 1 {
 		t.Fatalf("events %v:\n%s", events, out.String())
 	}
+}
+
+// syncBuf is a bytes.Buffer safe for the command's goroutines and the test.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
