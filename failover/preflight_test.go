@@ -56,7 +56,7 @@ func TestPreflightEveryInputCompared(t *testing.T) {
 	act := mustMQTT(t)
 	bh, _ := BrokerHealthAfter(time.Minute)
 	base := SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
-	act2, _ := MQTTActivation(time.Second, time.Second, time.Second)
+	act2, _ := mqttLike(time.Second, time.Second, time.Second)
 	for field, mut := range map[string]func(*SessionPolicy){
 		"lease_ttl":               func(p *SessionPolicy) { p.Lease.LeaseTTL = 50 * time.Second },
 		"renew_call_timeout":      func(p *SessionPolicy) { p.Lease.RenewCallTimeout = 2 * time.Second },

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/activation"
 )
 
 // BridgeReport is the JSON object of `myriarch-bridge budget --json` and,
@@ -187,9 +188,9 @@ func NewBridgeFlags(name string, output io.Writer) *BridgeFlags {
 	f.mrf = fs.String("max-renew-fails", "", "pin max_renew_fails (integer)")
 	f.grace = fs.String("step-down-grace", "", "pin step_down_grace")
 	f.startup = fs.String("startup-allowance", "0s", "startup_allowance, within [0s, 10m]")
-	f.connect = fs.String("connect-timeout", failover.DefaultMQTTConnectTimeout.String(), "MQTT connect_timeout")
-	f.reconcile = fs.String("reconcile-timeout", failover.DefaultMQTTReconcileTimeout.String(), "MQTT reconcile_timeout")
-	f.unmatched = fs.String("unmatched-grace", failover.DefaultMQTTUnmatchedGrace.String(), "MQTT unmatched_grace")
+	f.connect = fs.String("connect-timeout", activation.DefaultMQTTConnectTimeout.String(), "MQTT connect_timeout")
+	f.reconcile = fs.String("reconcile-timeout", activation.DefaultMQTTReconcileTimeout.String(), "MQTT reconcile_timeout")
+	f.unmatched = fs.String("unmatched-grace", activation.DefaultMQTTUnmatchedGrace.String(), "MQTT unmatched_grace")
 	f.brokerHealth = fs.String("broker-health-step-down", "", `"off" or a positive duration; omitted means undeclared`)
 	f.slo = fs.String("failover-slo", "", "declared failover objective (Go duration)")
 	f.peakRate = fs.String("peak-message-rate", "", "declared peak message rate into the session (msg/s): discloses the messages at risk, rate × worst-case budget")
@@ -257,7 +258,7 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 	reconcile := dur("reconcile-timeout", "reconcile_timeout", *f.reconcile, false)
 	unmatched := dur("unmatched-grace", "unmatched_grace", *f.unmatched, false)
 	if len(errs) == 0 {
-		p.Activation, err = failover.MQTTActivation(connect, reconcile, unmatched)
+		p.Activation, err = activation.MQTT(connect, reconcile, unmatched)
 		if err != nil {
 			errs = append(errs, failover.ErrorStrings(err)...)
 		}

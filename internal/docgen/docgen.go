@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/disclose"
 )
 
@@ -71,13 +72,7 @@ func Blocks(doc string) []string {
 
 func secs(d time.Duration) string { return disclose.Seconds(d) }
 
-func mqttDefaults() failover.Activation {
-	a, err := failover.MQTTActivation(failover.DefaultMQTTConnectTimeout, failover.DefaultMQTTReconcileTimeout, failover.DefaultMQTTUnmatchedGrace)
-	if err != nil {
-		panic(err) // the shipped defaults are valid; a test covers it
-	}
-	return a
-}
+func mqttDefaults() failover.Activation { return activation.DefaultMQTT() }
 
 // probeStepDown is a whole-second threshold used to express the
 // broker-path budget as "broker_health_step_down + X".

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/activation"
 )
 
 type validator struct {
@@ -318,10 +319,10 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		s.Username = r.Username
 		s.Password = v.secret(p+".password", r.PasswordFile, r.PasswordEnv)
 		s.TLS = v.tls(p+".tls", r.TLS)
-		s.ConnectTimeout = v.positive(p+".connect_timeout", r.ConnectTimeout, failover.DefaultMQTTConnectTimeout)
-		s.ReconcileTimeout = v.positive(p+".reconcile_timeout", r.ReconcileTimeout, failover.DefaultMQTTReconcileTimeout)
-		s.UnmatchedGrace = v.positive(p+".unmatched_grace", r.UnmatchedGrace, failover.DefaultMQTTUnmatchedGrace)
-		if act, err := failover.MQTTActivation(s.ConnectTimeout, s.ReconcileTimeout, s.UnmatchedGrace); err != nil {
+		s.ConnectTimeout = v.positive(p+".connect_timeout", r.ConnectTimeout, activation.DefaultMQTTConnectTimeout)
+		s.ReconcileTimeout = v.positive(p+".reconcile_timeout", r.ReconcileTimeout, activation.DefaultMQTTReconcileTimeout)
+		s.UnmatchedGrace = v.positive(p+".unmatched_grace", r.UnmatchedGrace, activation.DefaultMQTTUnmatchedGrace)
+		if act, err := activation.MQTT(s.ConnectTimeout, s.ReconcileTimeout, s.UnmatchedGrace); err != nil {
 			v.failover(p, err)
 		} else {
 			s.Activation = act
@@ -479,7 +480,7 @@ func (v *validator) senders(f *File, cfg *Config) {
 			}
 			s.QoS = byte(max(0, min(1, qos)))
 			s.KeepAlive = v.duration(p+".mqtt.keep_alive", m.KeepAlive, DefaultKeepAlive)
-			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, failover.DefaultMQTTConnectTimeout)
+			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, activation.DefaultMQTTConnectTimeout)
 			s.Timeout = v.positive(p+".mqtt.timeout", m.Timeout, DefaultSenderTimeout)
 		case r.Type == senderHTTP && r.HTTP != nil:
 			h := r.HTTP
