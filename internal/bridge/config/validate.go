@@ -671,41 +671,45 @@ func boolStr(b *bool) string {
 	return strconv.FormatBool(*b)
 }
 
-// admit canonicalizes and admits the exclusive sessions: per route first,
-// so that each refusal names its route, then across routes per session.
+// admit canonicalizes and admits the exclusive sessions in one pass of
+// failover.Preflight: each route's refusals are reported with its paths,
+// then the divergences between routes of one session.
 func (v *validator) admit(cfg *Config) {
 	var inputs []failover.SessionInput
+	var routeOf []int // input index → route index
 	for i, r := range cfg.Routes {
 		if r.Policy == nil {
 			continue
 		}
-		p := fmt.Sprintf("routes[%d]", i)
-		a := failover.Assess(*r.Policy)
-		if a.Err != nil {
-			for _, e := range failover.Errs(a.Err) {
-				var fe *failover.FieldError
-				if errors.As(e, &fe) {
-					path := p + "." + fe.Field
-					switch fe.Field {
-					case "connect_timeout", "reconcile_timeout", "unmatched_grace":
-						path = fmt.Sprintf("sessions[%d].%s", slices.IndexFunc(cfg.Sessions, func(s SessionSettings) bool { return s.ID == r.Session }), fe.Field)
-					}
-					v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: fe.Value, Rule: fe.Rule})
-					continue
-				}
-				v.add(p, nil, "%v", e)
-			}
-		}
 		inputs = append(inputs, failover.SessionInput{Source: fmt.Sprintf("routes[%d] %q", i, r.ID), SessionID: r.Session, Policy: *r.Policy})
+		routeOf = append(routeOf, i)
 	}
-	canon, err := failover.Preflight(inputs)
-	for _, e := range failover.Errs(err) {
-		// Refusals of one route's policy were reported above with their
-		// paths; what is left is divergence between routes.
-		if msg := e.Error(); !strings.Contains(msg, `", routes[`) {
-			v.problems = append(v.problems, Problem{File: v.file, Rule: msg})
+	pf := failover.Preflight(inputs)
+	results := slices.Clone(pf.Sources)
+	slices.SortFunc(results, func(a, b failover.SourceResult) int { return a.Input - b.Input })
+	for _, res := range results {
+		i := routeOf[res.Input]
+		r := cfg.Routes[i]
+		p := fmt.Sprintf("routes[%d]", i)
+		for _, e := range failover.Errs(res.Assessment.Err) {
+			var fe *failover.FieldError
+			if errors.As(e, &fe) {
+				path := p + "." + fe.Field
+				switch fe.Field {
+				case "connect_timeout", "reconcile_timeout", "unmatched_grace":
+					path = fmt.Sprintf("sessions[%d].%s", slices.IndexFunc(cfg.Sessions, func(s SessionSettings) bool { return s.ID == r.Session }), fe.Field)
+				}
+				v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: fe.Value, Rule: fe.Rule})
+				continue
+			}
+			v.add(p, nil, "%v", e)
 		}
 	}
+	for _, d := range pf.Divergences {
+		v.problems = append(v.problems, Problem{File: v.file, Rule: d.Error()})
+	}
+	canon := pf.Sessions
+	cfg.Admission = pf
 	cfg.Exclusive = canon
 	for _, c := range canon {
 		for _, w := range c.Assessment.Warnings {
