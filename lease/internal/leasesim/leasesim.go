@@ -187,8 +187,8 @@ type MemberConfig struct {
 	Cadence  failover.Cadence
 	History  *History
 	ActEvery time.Duration
-	// BrokerHealthStepDown is passed to the manager.
-	BrokerHealthStepDown time.Duration
+	// DependencyStepDown is passed to the manager.
+	DependencyStepDown time.Duration
 	Logger               *slog.Logger
 }
 
@@ -209,7 +209,7 @@ func StartMember(t testing.TB, cfg MemberConfig) *Member {
 		Owner:                lease.OwnerID(cfg.Name) + "-" + fmt.Sprint(time.Now().UnixNano()),
 		Endpoint:             cfg.Name,
 		Cadence:              cfg.Cadence,
-		BrokerHealthStepDown: cfg.BrokerHealthStepDown,
+		DependencyStepDown: cfg.DependencyStepDown,
 		Logger:               log.With("member", cfg.Name),
 		OnOwner: func(own *lease.Ownership) {
 			for {
