@@ -85,13 +85,21 @@ func (f *LeaderFlags) Parse(args []string) (LeaderReport, error) {
 	return LeaderBudget(t, sd, ps), nil
 }
 
+// myriarchdKeys maps failover's field names onto myriarchd's settings and
+// the Helm chart's value.
+var myriarchdKeys = map[string]string{
+	"LeaderSessionTimeout": "ha.leaderSessionTimeout",
+	"ShutdownTimeout":      "server.shutdownTimeout",
+	"PreStopSleep":         "preStopSleepSeconds",
+}
+
 // LeaderBudget computes the report for T, server.shutdownTimeout and the
 // pre-stop sleep.
 func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
 	r := LeaderReport{Errors: []string{}}
 	k, err := failover.DeriveLeaderKeepalive(t)
 	if err != nil {
-		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
+		r.Errors = append(r.Errors, failover.ErrorStrings(failover.RenameFields(err, myriarchdKeys))...)
 	} else {
 		r.keepalive = k
 		r.LeaderSessionTimeout = secs(k.T)
@@ -110,7 +118,7 @@ func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
 	}
 	g, err := failover.TerminationGracePeriod(preStopSleep, shutdownTimeout)
 	if err != nil {
-		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
+		r.Errors = append(r.Errors, failover.ErrorStrings(failover.RenameFields(err, myriarchdKeys))...)
 	} else {
 		r.shutdown, r.preStop, r.grace = shutdownTimeout, preStopSleep, g
 		r.ShutdownTimeout = secs(shutdownTimeout)

@@ -417,7 +417,7 @@ func (c *Config) crossCheck() []error {
 		errs = append(errs, &FieldError{Field: "agents.offlineAfter", Value: c.Agents.OfflineAfter.String(),
 			Rule: fmt.Sprintf("must be more than 2 × server.lastSeenFlushInterval (%v)", 2*c.Server.LastSeenFlushInterval)})
 	}
-	if _, err := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout); err != nil {
+	if _, err := c.keepalive(); err != nil {
 		errs = append(errs, err)
 	}
 	return errs
@@ -425,8 +425,15 @@ func (c *Config) crossCheck() []error {
 
 // Keepalive is the lock-session derivation for this configuration.
 func (c *Config) Keepalive() failover.LeaderKeepalive {
-	k, _ := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout) // checked by Load
+	k, _ := c.keepalive() // checked by Load
 	return k
+}
+
+// keepalive is the one call of the derivation, its refusal named by
+// myriarchd's key.
+func (c *Config) keepalive() (failover.LeaderKeepalive, error) {
+	k, err := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout)
+	return k, failover.RenameFields(err, map[string]string{"LeaderSessionTimeout": "ha.leaderSessionTimeout"})
 }
 
 // flattenYAML turns a two-level YAML mapping into section.key → scalar.
