@@ -188,7 +188,7 @@ func TestBrokerPathStepDownIsTerminal(t *testing.T) {
 	var closed atomic.Int32
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c,
 		DependencyStepDown: 300 * time.Millisecond,
-		CloseSource:          func(context.Context) error { closed.Add(1); return nil }})
+		CloseSource:        func(context.Context) error { closed.Add(1); return nil }})
 	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
 	// A blip shorter than the threshold does nothing.
 	a.m.ReportDependency(false)

@@ -297,13 +297,13 @@ func (b *Bridge) newRunner(s *config.SessionSettings, clock lease.Clock) (*runne
 	r.role = "standby"
 	after, _ := c.Assessment.Policy.BrokerHealthStepDown.After()
 	m, err := lease.New(lease.Config{
-		Store:                b.store,
-		Session:              b.cfg.Bridge.ID + "/" + s.ID,
-		InstanceID:           b.instanceID,
-		Endpoint:             b.cfg.Bridge.HTTPListen,
-		Cadence:              c.Assessment.Cadence,
+		Store:              b.store,
+		Session:            b.cfg.Bridge.ID + "/" + s.ID,
+		InstanceID:         b.instanceID,
+		Endpoint:           b.cfg.Bridge.HTTPListen,
+		Cadence:            c.Assessment.Cadence,
 		DependencyStepDown: after,
-		OnOwner:              r.own,
+		OnOwner:            r.own,
 		CloseSource: func(context.Context) error {
 			r.drain()
 			return nil
