@@ -15,6 +15,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/godur"
 )
 
 type validator struct {
@@ -54,9 +55,9 @@ func (v *validator) duration(path, s string, def time.Duration) time.Duration {
 	if strings.TrimSpace(s) == "" {
 		return def
 	}
-	d, err := time.ParseDuration(strings.TrimSpace(s))
+	d, err := godur.Parse(s)
 	if err != nil {
-		v.add(path, s, "must be a Go duration such as 30s or 1m30s")
+		v.add(path, s, godur.Rule)
 		return def
 	}
 	if d < 0 {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/internal/disclose"
+	"github.com/myriarch/myriarch/internal/godur"
 )
 
 // Exit statuses of the budget commands.
@@ -107,10 +108,10 @@ func RunLeaderBudget(args []string, in LeaderInputs, stdout, stderr io.Writer) i
 // parseDur is the one duration rule of both budget commands; errors name
 // the flag, the setting it stands for, the value and the rule.
 func parseDur(flagName, field, s string, allowZero bool) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
+	d, err := godur.Parse(s)
 	switch {
 	case err != nil:
-		return 0, fmt.Errorf("--%s (%s): %q: not a Go duration such as 30s or 1m30s", flagName, field, s)
+		return 0, fmt.Errorf("--%s (%s): %q: %w", flagName, field, s, err)
 	case d < 0:
 		return d, fmt.Errorf("--%s (%s): %q: must not be negative", flagName, field, s)
 	case d == 0 && !allowZero:

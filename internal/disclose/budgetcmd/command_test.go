@@ -53,7 +53,7 @@ func TestBridgeBudgetRefusals(t *testing.T) {
 	}{
 		{[]string{"--failover-slo", "10m"}, "broker_health_step_down: omitted", "undeclared"},
 		{[]string{"--failover-slo", "336.499s", "--deployment-mode", "clustered", "--broker-health-step-down", "off"}, "owner-death budget is 5m36.5s", "off"},
-		{[]string{"--lease-ttl", "abc", "--renew-interval", "-1s"}, `--lease-ttl (lease_ttl): "abc": not a Go duration`, "undeclared"},
+		{[]string{"--lease-ttl", "abc", "--renew-interval", "-1s"}, `--lease-ttl (lease_ttl): "abc": must be a Go duration such as 30s or 1m30s`, "undeclared"},
 		{[]string{"--broker-health-step-down", "0s"}, `broker_health_step_down: 0s: must be "off" or a positive duration`, "undeclared"},
 		{[]string{"--max-renew-fails", "zero"}, `--max-renew-fails (max_renew_fails): "zero": must be a positive integer`, "undeclared"},
 		{[]string{"--connect-timeout", "0s"}, `--connect-timeout (connect_timeout): "0s": must be positive`, "undeclared"},
@@ -167,7 +167,7 @@ func TestLeaderBudgetStartsFromInputs(t *testing.T) {
 		{nil, 20, 110, 0, ""},
 		{[]string{"--leader-session-timeout", "40s"}, 40, 110, 0, ""},
 		{[]string{"--shutdown-timeout", "1m"}, 20, 140, 0, ""},
-		{[]string{"--shutdown-timeout", "soon"}, 0, 0, 2, `--shutdown-timeout (server.shutdownTimeout): "soon": not a Go duration`},
+		{[]string{"--shutdown-timeout", "soon"}, 0, 0, 2, `--shutdown-timeout (server.shutdownTimeout): "soon": must be a Go duration such as 30s or 1m30s`},
 	} {
 		var out, errOut bytes.Buffer
 		code := RunLeaderBudget(append(tc.args, "--json"), in, &out, &errOut)

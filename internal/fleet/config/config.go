@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/godur"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -136,9 +137,9 @@ func EnvName(key string) string {
 func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(*Config) *time.Duration) Setting {
 	rule := fmt.Sprintf("must be a duration within [%s, %s]", fmtDur(lo), fmtDur(hi))
 	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
-		d, err := time.ParseDuration(strings.TrimSpace(v))
+		d, err := godur.Parse(v)
 		if err != nil {
-			return errors.New("must be a Go duration such as 30s or 2m")
+			return err
 		}
 		if d < lo || d > hi {
 			return errors.New(rule)
