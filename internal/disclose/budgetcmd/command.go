@@ -51,29 +51,11 @@ func RunBridgeBudget(args []string, stdout, stderr io.Writer) int {
 	f := NewBridgeFlags("myriarch-bridge budget", stderr)
 	p, inputErrs, err := f.Parse(args)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		fmt.Fprintln(stderr, "myriarch-bridge budget:", err)
-		if wantsJSON(args) {
-			writeJSON(stdout, disclose.BridgeBudget(p, []string{err.Error()}))
-		}
-		return exitRefused
+		return flagError("myriarch-bridge budget", args, err, disclose.BridgeBudget(p, []string{err.Error()}), stdout, stderr)
 	}
 	r := disclose.BridgeBudget(p, inputErrs)
 	f.AddQueueRoom(&r)
-	if *f.JSON {
-		writeJSON(stdout, r)
-	} else {
-		disclose.WriteBridgeTable(stdout, r)
-	}
-	for _, e := range r.Errors {
-		fmt.Fprintln(stderr, "error:", e)
-	}
-	if !r.Admitted {
-		return exitRefused
-	}
-	return exitOK
+	return report(*f.JSON, r, func() { disclose.WriteBridgeTable(stdout, r) }, r.Errors, r.Admitted, stdout, stderr)
 }
 
 // RunLeaderBudget implements `myriarchd budget`, starting from in (the
@@ -82,24 +64,37 @@ func RunLeaderBudget(args []string, in LeaderInputs, stdout, stderr io.Writer) i
 	f := NewLeaderFlags("myriarchd budget", in, stderr)
 	r, err := f.Parse(args)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		fmt.Fprintln(stderr, "myriarchd budget:", err)
-		if wantsJSON(args) {
-			writeJSON(stdout, disclose.LeaderReport{Errors: []string{err.Error()}})
-		}
-		return exitRefused
+		return flagError("myriarchd budget", args, err, disclose.LeaderReport{Errors: []string{err.Error()}}, stdout, stderr)
 	}
-	if *f.JSON {
-		writeJSON(stdout, r)
+	return report(*f.JSON, r, func() { disclose.WriteLeaderTable(stdout, r) }, r.Errors, r.OK(), stdout, stderr)
+}
+
+// flagError ends a command whose flags the flag package refused: -h is no
+// error; otherwise the error goes to stderr and, when --json was asked
+// for, obj (a report carrying the error) to stdout.
+func flagError(name string, args []string, err error, obj any, stdout, stderr io.Writer) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, name+":", err)
+	if wantsJSON(args) {
+		writeJSON(stdout, obj)
+	}
+	return exitRefused
+}
+
+// report prints a report as JSON or as its table, its errors to stderr,
+// and returns the exit status.
+func report(asJSON bool, obj any, table func(), errs []string, ok bool, stdout, stderr io.Writer) int {
+	if asJSON {
+		writeJSON(stdout, obj)
 	} else {
-		disclose.WriteLeaderTable(stdout, r)
+		table()
 	}
-	for _, e := range r.Errors {
+	for _, e := range errs {
 		fmt.Fprintln(stderr, "error:", e)
 	}
-	if !r.OK() {
+	if !ok {
 		return exitRefused
 	}
 	return exitOK
