@@ -7,13 +7,6 @@ import (
 	"time"
 )
 
-// Defaults of the shipped MQTT (paho) transport's activation steps.
-const (
-	DefaultMQTTConnectTimeout   = 30 * time.Second
-	DefaultMQTTReconcileTimeout = 30 * time.Second
-	DefaultMQTTUnmatchedGrace   = 30 * time.Second
-)
-
 // Activation is a transport's declared post-takeover activation bound: the
 // longest time from winning the lease to ServiceLevelFull. It is one
 // aggregate bound; the budgets never add its steps again.
@@ -33,44 +26,51 @@ func UnknownActivation(transport string) Activation {
 	return Activation{Transport: transport}
 }
 
-// MQTTActivation is the activation bound of the MQTT transport:
-// 2·connect_timeout + 4·reconcile_timeout + 2·unmatched_grace. Every step
-// must be a positive duration, because the transport enforces each with its
-// own timeout and an unbounded step would make the bound false.
-func MQTTActivation(connectTimeout, reconcileTimeout, unmatchedGrace time.Duration) (Activation, error) {
+// ActivationStep is one step of a transport's activation, enforced by the
+// transport with its own timeout: Times × Timeout is its share of the bound.
+type ActivationStep struct {
+	// Name is the transport's word for the timeout (e.g. its config key).
+	Name    string
+	Times   int64
+	Timeout time.Duration
+}
+
+// DeclareActivation builds the activation bound of a transport from its
+// steps: Σ Times·Timeout. Every timeout must be positive, because the
+// transport enforces each step with its own timeout and an unbounded step
+// would make the bound false; errors name the step.
+func DeclareActivation(transport string, steps ...ActivationStep) (Activation, error) {
 	var errs []error
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"connect_timeout", connectTimeout}, {"reconcile_timeout", reconcileTimeout}, {"unmatched_grace", unmatchedGrace}} {
-		if f.d <= 0 {
-			errs = append(errs, fieldErr(f.name, f.d, "must be a positive duration; the MQTT activation bound depends on it"))
+	for _, st := range steps {
+		if st.Timeout <= 0 {
+			errs = append(errs, fieldErr(st.Name, st.Timeout, "must be a positive duration; the %s activation bound depends on it", transport))
+		}
+		if st.Times < 1 {
+			errs = append(errs, fieldErr(st.Name, st.Times, "must count at least once in the %s activation bound", transport))
 		}
 	}
 	if len(errs) > 0 {
 		return Activation{}, errors.Join(errs...)
 	}
 	var s sum
-	for _, t := range []struct {
-		name string
-		n    int64
-		d    time.Duration
-	}{{"2 × connect_timeout", 2, connectTimeout}, {"4 × reconcile_timeout", 4, reconcileTimeout}, {"2 × unmatched_grace", 2, unmatchedGrace}} {
-		v, err := mul(t.name, t.n, t.d)
+	terms := make([]string, 0, len(steps))
+	for _, st := range steps {
+		name := fmt.Sprintf("%d × %s", st.Times, st.Name)
+		v, err := mul(name, st.Times, st.Timeout)
 		if err != nil {
 			return Activation{}, err
 		}
-		s.add(t.name, v)
+		s.add(name, v)
+		terms = append(terms, fmt.Sprintf("%s %v", name, st.Timeout))
 	}
 	if s.err != nil {
-		return Activation{}, fmt.Errorf("mqtt activation bound: %w", s.err)
+		return Activation{}, fmt.Errorf("%s activation bound: %w", transport, s.err)
 	}
 	return Activation{
-		Transport: "mqtt",
+		Transport: transport,
 		Known:     true,
 		Bound:     s.total,
-		Formula: fmt.Sprintf("2 × connect_timeout %v + 4 × reconcile_timeout %v + 2 × unmatched_grace %v",
-			connectTimeout, reconcileTimeout, unmatchedGrace),
+		Formula:   strings.Join(terms, " + "),
 	}, nil
 }
 

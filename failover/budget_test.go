@@ -7,9 +7,18 @@ import (
 	"time"
 )
 
+// mqttLike declares the shipped MQTT transport's steps (its formula lives
+// in internal/bridge/activation, which this package cannot import).
+func mqttLike(connect, reconcile, unmatched time.Duration) (Activation, error) {
+	return DeclareActivation("mqtt",
+		ActivationStep{Name: "connect_timeout", Times: 2, Timeout: connect},
+		ActivationStep{Name: "reconcile_timeout", Times: 4, Timeout: reconcile},
+		ActivationStep{Name: "unmatched_grace", Times: 2, Timeout: unmatched})
+}
+
 func mustMQTT(t testing.TB) Activation {
 	t.Helper()
-	a, err := MQTTActivation(DefaultMQTTConnectTimeout, DefaultMQTTReconcileTimeout, DefaultMQTTUnmatchedGrace)
+	a, err := mqttLike(30*time.Second, 30*time.Second, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +136,7 @@ func TestOverflowIsAnError(t *testing.T) {
 	if !errors.Is(err, ErrOverflow) {
 		t.Fatalf("broker-path with call timeout %v: err = %v, want ErrOverflow", huge, err)
 	}
-	_, err = MQTTActivation(huge, time.Second, time.Second)
+	_, err = mqttLike(huge, time.Second, time.Second)
 	if !errors.Is(err, ErrOverflow) {
 		t.Fatalf("activation: %v", err)
 	}

@@ -47,4 +47,29 @@ func ErrorStrings(err error) []string {
 	return out
 }
 
-var _ = errors.Join
+// RenameFields returns err with the Field of every FieldError part
+// renamed through names (library field → the caller's config key), so
+// that a daemon reports the library's refusals in its own vocabulary.
+// Other parts (also wrapped FieldErrors), and fields not in names, are
+// kept as they are.
+func RenameFields(err error, names map[string]string) error {
+	parts := Errs(err)
+	if len(parts) == 0 {
+		return nil
+	}
+	out := make([]error, 0, len(parts))
+	for _, e := range parts {
+		if fe, ok := e.(*FieldError); ok {
+			if key, ok := names[fe.Field]; ok {
+				c := *fe
+				c.Field = key
+				e = &c
+			}
+		}
+		out = append(out, e)
+	}
+	if len(out) == 1 {
+		return out[0]
+	}
+	return errors.Join(out...)
+}

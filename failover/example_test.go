@@ -10,7 +10,11 @@ import (
 // Admit a clustered session against a 6m30s objective with broker-path
 // failover after 90s.
 func ExampleAssess() {
-	act, _ := failover.MQTTActivation(30*time.Second, 30*time.Second, 30*time.Second)
+	// The MQTT transport's steps: 2·connect + 4·reconcile + 2·unmatched.
+	act, _ := failover.DeclareActivation("mqtt",
+		failover.ActivationStep{Name: "connect_timeout", Times: 2, Timeout: 30 * time.Second},
+		failover.ActivationStep{Name: "reconcile_timeout", Times: 4, Timeout: 30 * time.Second},
+		failover.ActivationStep{Name: "unmatched_grace", Times: 2, Timeout: 30 * time.Second})
 	bh, _ := failover.ParseBrokerHealthStepDown("90s")
 	a := failover.Assess(failover.SessionPolicy{
 		Lease:                failover.LeaseConfig{DeploymentMode: failover.Clustered},

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Bounds and defaults of ha.leaderSessionTimeout (myriarchd).
+// Bounds and default of the leader session timeout T (pgleader.Config.LeaderSessionTimeout).
 const (
 	MinLeaderSessionTimeout     = 10 * time.Second
 	MaxLeaderSessionTimeout     = 10 * time.Minute
@@ -15,12 +15,12 @@ const (
 	MaxFollowerRetry = 5 * time.Second
 )
 
-// LeaderKeepalive is everything derived from T = ha.leaderSessionTimeout:
+// LeaderKeepalive is everything derived from the leader session timeout T:
 // the follower's lock retry, the detection time D within which PostgreSQL
 // drops a silent lock session, the TCP parameters that make it do so, and
 // the leader's own confirmation cadence.
 type LeaderKeepalive struct {
-	// T is ha.leaderSessionTimeout.
+	// T is the leader session timeout.
 	T time.Duration
 	// FollowerRetry is min(5s, T/6); FollowerRetryMax adds the 20% jitter.
 	FollowerRetry    time.Duration
@@ -49,13 +49,15 @@ type LeaderKeepalive struct {
 	ResignAfter     time.Duration
 }
 
-// DeriveLeaderKeepalive derives the lock-session parameters from T. T must
-// lie within [10s, 10m]; fractional seconds are allowed. Every rounding is
+// DeriveLeaderKeepalive derives the lock-session parameters from the leader
+// session timeout T (pgleader's Config.LeaderSessionTimeout; myriarchd's
+// ha.leaderSessionTimeout). T must lie within [10s, 10m]; errors name the
+// field LeaderSessionTimeout, which a daemon maps onto its own key; fractional seconds are allowed. Every rounding is
 // in the safe direction: parts subtracted from T round up, D and I round
 // down to whole seconds.
 func DeriveLeaderKeepalive(t time.Duration) (LeaderKeepalive, error) {
 	if t < MinLeaderSessionTimeout || t > MaxLeaderSessionTimeout {
-		return LeaderKeepalive{}, fieldErr("ha.leaderSessionTimeout", t, "must be within [%v, %v]", MinLeaderSessionTimeout, MaxLeaderSessionTimeout)
+		return LeaderKeepalive{}, fieldErr("LeaderSessionTimeout", t, "must be within [%v, %v]", MinLeaderSessionTimeout, MaxLeaderSessionTimeout)
 	}
 	k := LeaderKeepalive{T: t}
 	k.FollowerRetry = min(MaxFollowerRetry, t/6)
@@ -73,7 +75,7 @@ func DeriveLeaderKeepalive(t time.Duration) (LeaderKeepalive, error) {
 	k.ResignAfter = t / 2
 	if k.KeepalivesCount < 1 || k.EarliestDrop <= k.ResignAfter {
 		// Cannot happen within the accepted range; the model test proves it.
-		return LeaderKeepalive{}, fmt.Errorf("ha.leaderSessionTimeout %v: derived keepalives are inconsistent (count %d, earliest drop %v, resign %v)",
+		return LeaderKeepalive{}, fmt.Errorf("LeaderSessionTimeout %v: derived keepalives are inconsistent (count %d, earliest drop %v, resign %v)",
 			t, k.KeepalivesCount, k.EarliestDrop, k.ResignAfter)
 	}
 	return k, nil
@@ -143,18 +145,18 @@ const (
 // whole seconds.
 func TerminationGracePeriod(preStopSleep, shutdownTimeout time.Duration) (time.Duration, error) {
 	if preStopSleep < 0 {
-		return 0, fieldErr("preStopSleepSeconds", preStopSleep, "must not be negative")
+		return 0, fieldErr("PreStopSleep", preStopSleep, "must not be negative")
 	}
 	if shutdownTimeout <= 0 {
-		return 0, fieldErr("server.shutdownTimeout", shutdownTimeout, "must be positive")
+		return 0, fieldErr("ShutdownTimeout", shutdownTimeout, "must be positive")
 	}
 	var s sum
-	s.add("preStopSleepSeconds", preStopSleep)
-	v, err := mul("2 × server.shutdownTimeout", 2, shutdownTimeout)
+	s.add("pre-stop sleep", preStopSleep)
+	v, err := mul("2 × shutdown timeout", 2, shutdownTimeout)
 	if err != nil {
 		return 0, err
 	}
-	s.add("2 × server.shutdownTimeout", v)
+	s.add("2 × shutdown timeout", v)
 	s.add("final flush", FinalFlushDeadline)
 	s.add("leader release", LeaderReleaseBound)
 	if s.err != nil {

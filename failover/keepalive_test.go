@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestLeaderKeepaliveDefault(t *testing.T) {
 func TestLeaderKeepaliveRange(t *testing.T) {
 	for _, d := range []time.Duration{0, 9999 * time.Millisecond, 10*time.Minute + time.Millisecond, -time.Second} {
 		_, err := DeriveLeaderKeepalive(d)
-		if err == nil || !strings.Contains(err.Error(), "ha.leaderSessionTimeout") || !strings.Contains(err.Error(), "[10s, 10m0s]") {
+		if err == nil || !strings.Contains(err.Error(), "LeaderSessionTimeout") || !strings.Contains(err.Error(), "[10s, 10m0s]") {
 			t.Errorf("T=%v: %v", d, err)
 		}
 	}
@@ -88,7 +89,23 @@ func TestTerminationGracePeriod(t *testing.T) {
 	if err != nil || g != 23*time.Second {
 		t.Fatalf("grace %v %v, want 23s", g, err)
 	}
-	if _, err := TerminationGracePeriod(0, 0); err == nil || !strings.Contains(err.Error(), "server.shutdownTimeout") {
+	if _, err := TerminationGracePeriod(0, 0); err == nil || !strings.Contains(err.Error(), "ShutdownTimeout") {
 		t.Fatalf("zero shutdown timeout: %v", err)
+	}
+}
+
+func TestRenameFieldsMapsOntoADaemonsKeys(t *testing.T) {
+	_, err := DeriveLeaderKeepalive(time.Second)
+	err = RenameFields(err, map[string]string{"LeaderSessionTimeout": "ha.leaderSessionTimeout"})
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "ha.leaderSessionTimeout" || fe.Value != "1s" || !strings.Contains(fe.Rule, "[10s, 10m0s]") {
+		t.Fatalf("renamed error %v", err)
+	}
+	_, err = TerminationGracePeriod(-time.Second, 0)
+	if got := RenameFields(err, map[string]string{"PreStopSleep": "preStopSleepSeconds"}); !strings.HasPrefix(got.Error(), "preStopSleepSeconds: -1s: ") {
+		t.Fatalf("renamed error %v", got)
+	}
+	if RenameFields(nil, nil) != nil {
+		t.Fatal("nil error renamed to non-nil")
 	}
 }

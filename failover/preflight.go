@@ -23,17 +23,67 @@ type CanonicalSession struct {
 	Assessment Assessment
 }
 
-// Preflight canonicalizes the manager inputs of every session that one or
-// more routes name. Sessions are first-wins at runtime, so two sources of
-// one session that resolve to different lease cadences, objectives,
-// start-up allowances, broker-path policies or activation bounds are
-// refused, naming both. Inputs are compared in their resolved form, so a
-// pinned value equal to its default is no divergence. The result and every
-// error are independent of the order of inputs.
-func Preflight(inputs []SessionInput) ([]CanonicalSession, error) {
-	groups := map[string][]SessionInput{}
-	for _, in := range inputs {
-		groups[in.SessionID] = append(groups[in.SessionID], in)
+// SourceResult is one input, assessed once.
+type SourceResult struct {
+	// Input is the index of the input in the slice given to Preflight,
+	// so that a caller can map a refusal back to its own field paths.
+	Input      int
+	Source     string
+	SessionID  string
+	Assessment Assessment
+}
+
+// Divergence is two sources of one session that resolve to different
+// lease manager inputs.
+type Divergence struct {
+	SessionID    string
+	First, Other string // the sources
+	Input        string // the first differing input, with both values
+}
+
+func (d Divergence) Error() string {
+	return fmt.Sprintf("session %q: %s and %s disagree on %s; routes that share a session must resolve to the same lease manager inputs",
+		d.SessionID, d.First, d.Other, d.Input)
+}
+
+// Preflighted is the outcome of Preflight: every input's own assessment,
+// the divergences between sources of one session, and the canonical
+// sessions (those whose sources all resolve and agree).
+type Preflighted struct {
+	Sources     []SourceResult // by session ID, then source
+	Divergences []Divergence
+	Sessions    []CanonicalSession
+	err         error
+}
+
+// Err joins every refusal: per source (prefixed with session and source)
+// and the divergences; nil when every session is canonical and admitted.
+func (p Preflighted) Err() error { return p.err }
+
+// FirstInput is the result of the earliest input (lowest Input index) of
+// a session, or nil when no input names it.
+func (p Preflighted) FirstInput(sessionID string) *SourceResult {
+	var best *SourceResult
+	for i := range p.Sources {
+		r := &p.Sources[i]
+		if r.SessionID == sessionID && (best == nil || r.Input < best.Input) {
+			best = r
+		}
+	}
+	return best
+}
+
+// Preflight assesses every input once and canonicalizes the manager inputs
+// of every session that one or more sources name. Sessions are first-wins
+// at runtime, so two sources of one session that resolve to different
+// lease cadences, objectives, start-up allowances, broker-path policies or
+// activation bounds are refused, naming both. Inputs are compared in their
+// resolved form, so a pinned value equal to its default is no divergence.
+// The result and every error are independent of the order of inputs.
+func Preflight(inputs []SessionInput) Preflighted {
+	groups := map[string][]int{}
+	for i, in := range inputs {
+		groups[in.SessionID] = append(groups[in.SessionID], i)
 	}
 	ids := make([]string, 0, len(groups))
 	for id := range groups {
@@ -41,19 +91,21 @@ func Preflight(inputs []SessionInput) ([]CanonicalSession, error) {
 	}
 	slices.Sort(ids)
 
-	var out []CanonicalSession
+	var res Preflighted
 	var errs []error
 	for _, id := range ids {
 		g := groups[id]
-		slices.SortStableFunc(g, func(a, b SessionInput) int { return cmp.Compare(a.Source, b.Source) })
+		slices.SortStableFunc(g, func(a, b int) int { return cmp.Compare(inputs[a].Source, inputs[b].Source) })
 		var first *canonicalKey
 		var firstSrc string
 		var assess Assessment
 		ok := true
 		sources := make([]string, 0, len(g))
-		for _, in := range g {
+		for _, i := range g {
+			in := inputs[i]
 			sources = append(sources, in.Source)
 			a := Assess(in.Policy)
+			res.Sources = append(res.Sources, SourceResult{Input: i, Source: in.Source, SessionID: id, Assessment: a})
 			if a.Cadence.LeaseTTL == 0 {
 				// The cadence or start-up allowance is refused; nothing to compare.
 				for _, e := range Errs(a.Err) {
@@ -68,8 +120,9 @@ func Preflight(inputs []SessionInput) ([]CanonicalSession, error) {
 				continue
 			}
 			if d := first.diff(k); d != "" {
-				errs = append(errs, fmt.Errorf("session %q: %s and %s disagree on %s; routes that share a session must resolve to the same lease manager inputs",
-					id, firstSrc, in.Source, d))
+				dv := Divergence{SessionID: id, First: firstSrc, Other: in.Source, Input: d}
+				res.Divergences = append(res.Divergences, dv)
+				errs = append(errs, dv)
 				ok = false
 			}
 		}
@@ -79,10 +132,11 @@ func Preflight(inputs []SessionInput) ([]CanonicalSession, error) {
 					errs = append(errs, fmt.Errorf("session %q, %s: %w", id, firstSrc, e))
 				}
 			}
-			out = append(out, CanonicalSession{SessionID: id, Sources: sources, Assessment: assess})
+			res.Sessions = append(res.Sessions, CanonicalSession{SessionID: id, Sources: sources, Assessment: assess})
 		}
 	}
-	return out, errors.Join(errs...)
+	res.err = errors.Join(errs...)
+	return res
 }
 
 // canonicalKey is every resolved manager input of a session.

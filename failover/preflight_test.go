@@ -32,7 +32,19 @@ func TestPreflight(t *testing.T) {
 	for i := range 20 {
 		shuffled := slices.Clone(inputs)
 		rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-		got, err := Preflight(shuffled)
+		pf := Preflight(shuffled)
+		got, err := pf.Sessions, pf.Err()
+		if len(pf.Sources) != len(inputs) || len(pf.Divergences) != 2 {
+			t.Fatalf("run %d: %d source results and %d divergences, want %d and 2", i, len(pf.Sources), len(pf.Divergences), len(inputs))
+		}
+		for _, r := range pf.Sources {
+			if shuffled[r.Input].Source != r.Source || r.Assessment.Policy != shuffled[r.Input].Policy {
+				t.Fatalf("run %d: result %q does not point at its input", i, r.Source)
+			}
+		}
+		if f := pf.FirstInput("s4"); f == nil || f.Source != `routes[6] "g"` || f.Assessment.Admitted() {
+			t.Fatalf("run %d: first input of s4 = %+v", i, f)
+		}
 		msgs := ErrorStrings(err)
 		ok := len(msgs) == len(wantErrs)
 		for j := 0; ok && j < len(msgs); j++ {
@@ -56,7 +68,7 @@ func TestPreflightEveryInputCompared(t *testing.T) {
 	act := mustMQTT(t)
 	bh, _ := BrokerHealthAfter(time.Minute)
 	base := SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
-	act2, _ := MQTTActivation(time.Second, time.Second, time.Second)
+	act2, _ := mqttLike(time.Second, time.Second, time.Second)
 	for field, mut := range map[string]func(*SessionPolicy){
 		"lease_ttl":               func(p *SessionPolicy) { p.Lease.LeaseTTL = 50 * time.Second },
 		"renew_call_timeout":      func(p *SessionPolicy) { p.Lease.RenewCallTimeout = 2 * time.Second },
@@ -70,7 +82,7 @@ func TestPreflightEveryInputCompared(t *testing.T) {
 	} {
 		other := base
 		mut(&other)
-		_, err := Preflight([]SessionInput{{Source: "x", SessionID: "s", Policy: base}, {Source: "y", SessionID: "s", Policy: other}})
+		err := Preflight([]SessionInput{{Source: "x", SessionID: "s", Policy: base}, {Source: "y", SessionID: "s", Policy: other}}).Err()
 		if err == nil || !strings.Contains(err.Error(), "disagree on "+field) {
 			t.Errorf("%s: %v", field, err)
 		}

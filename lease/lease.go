@@ -193,11 +193,13 @@ var (
 	// ErrCorrupt: the row does not satisfy the store's invariants. The
 	// store fails closed: it neither grants nor renews on such a row.
 	ErrCorrupt = errors.New("lease: corrupt lease row")
-	// ErrBrokerPathStepDown is returned by Manager.Run after the owner
-	// stepped down because its broker path stayed unhealthy for
-	// broker_health_step_down. It is terminal for the process: exit
-	// non-zero so the supervisor restarts it as a standby.
-	ErrBrokerPathStepDown = errors.New("lease: stepped down: broker path unhealthy; terminal for this process")
+	// ErrDependencyStepDown is returned by Manager.Run after the owner
+	// stepped down because its dependency path stayed unhealthy for
+	// Config.DependencyStepDown (see Manager.ReportDependency). The
+	// manager does not compete again; the program decides what follows
+	// (the bridge exits non-zero so its supervisor restarts it as a
+	// standby).
+	ErrDependencyStepDown = errors.New("lease: stepped down: dependency path unhealthy; the manager does not compete again")
 )
 
 // HeldError is the error of an Acquire that found the lease held. It wraps

@@ -32,9 +32,11 @@ type Config struct {
 	// Cadence is the resolved lease cadence (failover.ResolveCadence).
 	// Required.
 	Cadence failover.Cadence
-	// BrokerHealthStepDown is the broker_health_step_down threshold; 0 is
-	// off. See Manager.ReportBrokerPath.
-	BrokerHealthStepDown time.Duration
+	// DependencyStepDown is how long the owner's dependency path (what its
+	// work needs besides the lease, e.g. the bridge's broker connection)
+	// may stay unhealthy before the owner steps down for good; 0 is off.
+	// See Manager.ReportDependency.
+	DependencyStepDown time.Duration
 	// OnOwner, if set, runs in its own goroutine for each tenure. It must
 	// act only while own.Valid(), stop taking input when own.Stopping() is
 	// closed, and return promptly when own.Context() is done.
@@ -92,7 +94,7 @@ const (
 	ReasonDeadline      = "deadline"       // the local deadline passed before a renew succeeded
 	ReasonLost          = "lost"           // the store refused a renew definitively
 	ReasonRenewFailures = "renew_failures" // after max_renew_fails, the authoritative read named someone else
-	ReasonBrokerPath    = "broker_path"    // broker path unhealthy for broker_health_step_down (terminal)
+	ReasonDependency    = "dependency"     // dependency path unhealthy for DependencyStepDown (Run returns)
 	ReasonShutdown      = "shutdown"       // Run's context ended
 )
 
@@ -122,7 +124,7 @@ type Manager struct {
 
 	mu             sync.Mutex
 	current        *Ownership
-	unhealthySince time.Time // zero while the broker path is healthy
+	unhealthySince time.Time // zero while the dependency path is healthy
 	running        bool
 
 	work sync.WaitGroup
@@ -149,8 +151,8 @@ func New(cfg Config) (*Manager, error) {
 			errs = append(errs, fmt.Errorf("lease: cadence %s: %v: must be positive (resolve it with failover.ResolveCadence)", f.name, f.d))
 		}
 	}
-	if c.LeaseRenewJitter < 0 || c.StepDownGrace < 0 || cfg.BrokerHealthStepDown < 0 {
-		errs = append(errs, errors.New("lease: cadence lease_renew_jitter, step_down_grace and broker_health_step_down must not be negative"))
+	if c.LeaseRenewJitter < 0 || c.StepDownGrace < 0 || cfg.DependencyStepDown < 0 {
+		errs = append(errs, errors.New("lease: cadence LeaseRenewJitter, StepDownGrace and DependencyStepDown must not be negative"))
 	}
 	if c.MaxRenewFails <= 0 {
 		errs = append(errs, fmt.Errorf("lease: cadence max_renew_fails: %d: must be positive", c.MaxRenewFails))
@@ -204,22 +206,23 @@ func (m *Manager) Ownership() *Ownership {
 	return m.current
 }
 
-// ReportBrokerPath is the broker-path hook the transport drives: false when
-// the path to the broker is lost (not converged), true when restored. When
-// the path stays lost for BrokerHealthStepDown, checked at the top of each
-// renew round, the owner steps down and Run returns ErrBrokerPathStepDown.
-// A new tenure starts with a healthy path; a transport that has not reached
-// its broker yet reports false at once, so that an owner that never
-// converges steps down too (see Ownership.ReportBrokerPath, which a
+// ReportDependency is the hook the owner's work drives for its dependency
+// path (what it needs besides the lease to do its work): false when the
+// path is lost, true when restored. When the path stays lost for
+// DependencyStepDown, checked at the top of each renew round, the owner
+// steps down, releases the lease and Run returns ErrDependencyStepDown.
+// A new tenure starts with a healthy path; work that has not reached its
+// dependency yet reports false at once, so that an owner that never
+// converges steps down too (see Ownership.ReportDependency, which a
 // tenure's own work should prefer: it cannot touch a later tenure).
-func (m *Manager) ReportBrokerPath(healthy bool) {
+func (m *Manager) ReportDependency(healthy bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.reportBrokerPath(healthy)
+	m.reportDependency(healthy)
 }
 
-// reportBrokerPath is ReportBrokerPath with m.mu held.
-func (m *Manager) reportBrokerPath(healthy bool) {
+// reportDependency is ReportDependency with m.mu held.
+func (m *Manager) reportDependency(healthy bool) {
 	switch {
 	case healthy:
 		m.unhealthySince = time.Time{}
@@ -240,8 +243,9 @@ func (m *Manager) emit(e Event) {
 
 // Run competes for the lease and, while it owns it, renews it and runs
 // OnOwner, until ctx ends (it then steps down, releases the lease and
-// returns nil) or a broker-path step-down (it returns
-// ErrBrokerPathStepDown, and the process should exit non-zero). A lost
+// returns nil) or a dependency step-down (it returns
+// ErrDependencyStepDown and does not compete again; what the program does
+// then is its own policy). A lost
 // lease sends the manager back to standing by. Run returns only after the
 // OnOwner goroutines it started have returned. Run may be called once.
 func (m *Manager) Run(ctx context.Context) error {
@@ -408,7 +412,7 @@ type ownerWrite struct {
 	renewedAt time.Time
 }
 
-// own runs one tenure. It returns ErrBrokerPathStepDown for the terminal
+// own runs one tenure. It returns ErrDependencyStepDown for the dependency
 // step-down and nil otherwise.
 func (m *Manager) own(ctx context.Context, tok Token, deadline, prevAlive time.Time) error {
 	c := m.cfg.Cadence
@@ -451,12 +455,12 @@ func (m *Manager) own(ctx context.Context, tok Token, deadline, prevAlive time.T
 		if !m.clock.Now().Before(deadline) {
 			return m.stepDown(o, workDone, ReasonDeadline, ErrExpired, true)
 		}
-		if after := m.cfg.BrokerHealthStepDown; after > 0 {
+		if after := m.cfg.DependencyStepDown; after > 0 {
 			m.mu.Lock()
 			since := m.unhealthySince
 			m.mu.Unlock()
 			if !since.IsZero() && m.clock.Now().Sub(since) >= after {
-				return m.stepDown(o, workDone, ReasonBrokerPath, nil, true)
+				return m.stepDown(o, workDone, ReasonDependency, nil, true)
 			}
 		}
 		pre := m.clock.Now()
@@ -575,10 +579,10 @@ func (m *Manager) stepDown(o *Ownership, workDone <-chan struct{}, reason string
 			m.emit(Event{Kind: EventReleased, Token: tok, Reason: reason})
 		}
 	}
-	if reason == ReasonBrokerPath {
-		m.log.Error("stepped down because the broker path stayed unhealthy; this process will not compete for the lease again",
-			"broker_health_step_down", m.cfg.BrokerHealthStepDown)
-		return ErrBrokerPathStepDown
+	if reason == ReasonDependency {
+		m.log.Error("stepped down because the dependency path stayed unhealthy; this manager will not compete for the lease again",
+			"dependency_step_down", m.cfg.DependencyStepDown)
+		return ErrDependencyStepDown
 	}
 	return nil
 }

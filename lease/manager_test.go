@@ -187,23 +187,23 @@ func TestBrokerPathStepDownIsTerminal(t *testing.T) {
 	c := cadence()
 	var closed atomic.Int32
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c,
-		BrokerHealthStepDown: 300 * time.Millisecond,
-		CloseSource:          func(context.Context) error { closed.Add(1); return nil }})
+		DependencyStepDown: 300 * time.Millisecond,
+		CloseSource:        func(context.Context) error { closed.Add(1); return nil }})
 	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
 	// A blip shorter than the threshold does nothing.
-	a.m.ReportBrokerPath(false)
+	a.m.ReportDependency(false)
 	time.Sleep(100 * time.Millisecond)
-	a.m.ReportBrokerPath(true)
+	a.m.ReportDependency(true)
 	time.Sleep(3 * c.RenewInterval)
 	if !owns(a) {
 		t.Fatal("a short broker-path blip stepped the owner down")
 	}
 	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c})
 	lostAt := time.Now()
-	a.m.ReportBrokerPath(false)
+	a.m.ReportDependency(false)
 	err := a.wait(t, 10*time.Second)
-	if !errors.Is(err, lease.ErrBrokerPathStepDown) {
-		t.Fatalf("Run = %v, want ErrBrokerPathStepDown", err)
+	if !errors.Is(err, lease.ErrDependencyStepDown) {
+		t.Fatalf("Run = %v, want ErrDependencyStepDown", err)
 	}
 	if el := time.Since(lostAt); el < 300*time.Millisecond {
 		t.Fatalf("stepped down %v after the path was lost, before the threshold", el)
@@ -321,7 +321,7 @@ func TestNewValidates(t *testing.T) {
 		"no instance":     func(c *lease.Config) { c.InstanceID = "" },
 		"zero cadence":    func(c *lease.Config) { c.Cadence = failover.Cadence{} },
 		"call above ttl":  func(c *lease.Config) { c.Cadence.RenewCallTimeout = 2 * c.Cadence.LeaseTTL },
-		"negative broker": func(c *lease.Config) { c.BrokerHealthStepDown = -1 },
+		"negative broker": func(c *lease.Config) { c.DependencyStepDown = -1 },
 	} {
 		cfg := good
 		mut(&cfg)
@@ -354,18 +354,18 @@ func TestBrokerPathFailoverWithinBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c,
-		BrokerHealthStepDown: threshold, OnOwner: func(own *lease.Ownership) { <-own.Stopping() }})
+		DependencyStepDown: threshold, OnOwner: func(own *lease.Ownership) { <-own.Stopping() }})
 	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
 	b := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "b", Cadence: c})
 	time.Sleep(2 * c.AcquirePollInterval)
 	lost := time.Now()
-	a.m.ReportBrokerPath(false)
+	a.m.ReportDependency(false)
 	waitFor(t, budget.Total+10*time.Second, "standby owns after the broker-path step-down", func() bool { return owns(b) })
 	took := time.Since(lost)
 	if took > budget.Total {
 		t.Fatalf("standby owned %v after the broker path was lost; broker-path budget %v", took, budget)
 	}
-	if err := a.wait(t, time.Second); !errors.Is(err, lease.ErrBrokerPathStepDown) {
+	if err := a.wait(t, time.Second); !errors.Is(err, lease.ErrDependencyStepDown) {
 		t.Fatalf("Run = %v", err)
 	}
 	t.Logf("broker-path failover: standby owned %v after the path was lost (budget %v)", took.Round(time.Millisecond), budget.Total)
@@ -593,20 +593,20 @@ func TestStaleTenureBrokerPathReportIgnored(t *testing.T) {
 	c := cadence()
 	clk := &lease.JumpClock{}
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c, Clock: clk,
-		BrokerHealthStepDown: 200 * time.Millisecond})
+		DependencyStepDown: 200 * time.Millisecond})
 	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
 	old := a.m.Ownership()
 	clk.Jump(c.LeaseTTL)
 	waitEvent(t, a, lease.EventAcquired, 3*c.LeaseTTL)
-	old.ReportBrokerPath(false) // late, from the ended tenure
+	old.ReportDependency(false) // late, from the ended tenure
 	time.Sleep(200*time.Millisecond + 3*c.RenewInterval)
 	if !owns(a) {
 		t.Fatal("a stale tenure's broker-path report stepped the new tenure down")
 	}
 	// The new tenure's own report does.
-	a.m.Ownership().ReportBrokerPath(false)
-	if err := a.wait(t, 10*time.Second); !errors.Is(err, lease.ErrBrokerPathStepDown) {
-		t.Fatalf("Run = %v, want ErrBrokerPathStepDown", err)
+	a.m.Ownership().ReportDependency(false)
+	if err := a.wait(t, 10*time.Second); !errors.Is(err, lease.ErrDependencyStepDown) {
+		t.Fatalf("Run = %v, want ErrDependencyStepDown", err)
 	}
 }
 

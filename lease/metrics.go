@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricTransfers,
 			Help: "Leases this process acquired (each is a transfer of ownership to it)."}, []string{"session"}),
 		stepDowns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricStepDowns,
-			Help: "Step-downs by reason: deadline, lost, renew_failures, broker_path, shutdown."}, []string{"session", "reason"}),
+			Help: "Step-downs by reason: deadline, lost, renew_failures, dependency, shutdown."}, []string{"session", "reason"}),
 		eventsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricEventsDropped,
 			Help: "Events dropped because the event channel was full."}, []string{"session"}),
 		acquireAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricAcquireAttempts,

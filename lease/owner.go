@@ -67,10 +67,10 @@ func (o *Ownership) PreviousOwnerAlive() (t time.Time, ok bool) {
 	return o.prevAlive, !o.prevAlive.IsZero()
 }
 
-// ReportBrokerPath is Manager.ReportBrokerPath for this tenure only: a
+// ReportDependency is Manager.ReportDependency for this tenure only: a
 // report that arrives after the tenure ended is ignored, so that late work
 // of an old tenure cannot start or stop the clock of the next one.
-func (o *Ownership) ReportBrokerPath(healthy bool) {
+func (o *Ownership) ReportDependency(healthy bool) {
 	if o.m == nil {
 		return
 	}
@@ -79,7 +79,7 @@ func (o *Ownership) ReportBrokerPath(healthy bool) {
 	if o.m.current != o {
 		return
 	}
-	o.m.reportBrokerPath(healthy)
+	o.m.reportDependency(healthy)
 }
 
 func newOwnership(parent context.Context, tok Token, clock Clock, deadline time.Time) *Ownership {

@@ -124,13 +124,13 @@ func New(cfg Config) (*Elector, error) {
 	}
 	k, err := failover.DeriveLeaderKeepalive(cfg.LeaderSessionTimeout)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgleader: Config.%w", err)
 	}
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if cfg.HeartbeatInterval < 0 {
-		return nil, fmt.Errorf("pgleader: ha.heartbeatInterval %v: must be positive", cfg.HeartbeatInterval)
+		return nil, fmt.Errorf("pgleader: Config.HeartbeatInterval: %v: must be positive", cfg.HeartbeatInterval)
 	}
 	if cfg.LockKey == 0 {
 		cfg.LockKey = DefaultLockKey

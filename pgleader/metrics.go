@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		resignations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricResignations,
 			Help: "Times this replica gave up leadership, by reason (confirm_timeout, session_lost, term_lost, stop)."}, []string{"reason"}),
 		staleEnded: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricStaleEnded,
-			Help: "Lock sessions of leaders with a heartbeat older than ha.leaderSessionTimeout that this replica ended."}),
+			Help: "Lock sessions of leaders with a heartbeat older than the leader session timeout that this replica ended."}),
 	}
 	for _, r := range []string{ReasonConfirmTimeout, ReasonSessionLost, ReasonTermLost, ReasonStop} {
 		m.resignations.WithLabelValues(r)

@@ -618,7 +618,7 @@ func TestNewValidates(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
 	_, err := New(Config{Pool: pool, LeaderSessionTimeout: 5 * time.Second})
-	if err == nil || !strings.Contains(err.Error(), "ha.leaderSessionTimeout") {
+	if err == nil || !strings.Contains(err.Error(), "LeaderSessionTimeout: 5s") || strings.Contains(err.Error(), "ha.") {
 		t.Errorf("T=5s: %v", err)
 	}
 	reg := prometheus.NewRegistry()

@@ -107,14 +107,8 @@ func sessionReports(cfg *config.Config) []disclose.BridgeReport {
 		var a *failover.Assessment
 		if c := cfg.ExclusiveSession(s.ID); c != nil {
 			a = &c.Assessment
-		} else {
-			for _, rt := range cfg.Routes {
-				if rt.Session == s.ID && rt.Policy != nil {
-					x := failover.Assess(*rt.Policy)
-					a = &x
-					break
-				}
-			}
+		} else if first := cfg.Admission.FirstInput(s.ID); first != nil {
+			a = &first.Assessment
 		}
 		if a == nil {
 			continue

@@ -109,7 +109,7 @@ func runBridge(args []string, _, stderr io.Writer) int {
 	logger.Info("bridge started", "instance", b.InstanceID(), "deployment_mode", cfg.Bridge.DeploymentMode, "sessions", len(cfg.Sessions), "routes", len(cfg.Routes))
 	err = b.Run(ctx)
 	switch {
-	case errors.Is(err, lease.ErrBrokerPathStepDown):
+	case errors.Is(err, lease.ErrDependencyStepDown):
 		logger.Error("exiting after a broker-path step-down; restart this process and it rejoins as a standby", "err", err)
 		return exitStepDown
 	case err != nil:

@@ -9,7 +9,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/cli"
-	"github.com/myriarch/myriarch/internal/disclose"
+	"github.com/myriarch/myriarch/internal/disclose/budgetcmd"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 )
 
@@ -43,12 +43,10 @@ func runBudget(args []string, stdout, stderr io.Writer) int {
 		}
 		return cli.ExitUsage
 	}
-	// Loaded values first, so that flags given explicitly win.
-	loaded := []string{
-		"--leader-session-timeout", cfg.HA.LeaderSessionTimeout.String(),
-		"--shutdown-timeout", cfg.Server.ShutdownTimeout.String(),
-	}
-	return disclose.RunLeaderBudget(append(loaded, rest...), stdout, stderr)
+	// The loaded values are the starting point; flags given explicitly win.
+	in := budgetcmd.DefaultLeaderInputs()
+	in.LeaderSessionTimeout, in.ShutdownTimeout = cfg.HA.LeaderSessionTimeout, cfg.Server.ShutdownTimeout
+	return budgetcmd.RunLeaderBudget(rest, in, stdout, stderr)
 }
 
 // takeConfigFlag removes -c/--config FILE (or =FILE) from args.

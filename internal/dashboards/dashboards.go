@@ -109,7 +109,7 @@ func Bridge() (dashboard.Dashboard, error) {
 		WithPanel(series("Lease owner and fencing version", "Which instance holds each session's lease, and the lease's fencing version (it rises with every transfer).", "short",
 			q(`max by (session, instance) (myriarch_lease_is_owner`+sel+`)`, "owner {{session}} {{instance}}"),
 			q(`max by (session) (myriarch_lease_fencing_version`+sel+`)`, "version {{session}}"))).
-		WithPanel(series("Lease renew failures and step-downs", "Renew failures by kind; step-downs by reason (deadline, lost, renew_failures, broker_path, shutdown).", "short",
+		WithPanel(series("Lease renew failures and step-downs", "Renew failures by kind; step-downs by reason (deadline, lost, renew_failures, dependency, shutdown).", "short",
 			q(`sum by (session, kind) (increase(myriarch_lease_renew_failures_total`+sel+`[$__rate_interval]))`, "renew failed {{session}} {{kind}}"),
 			q(`sum by (session, reason) (increase(myriarch_lease_step_downs_total`+sel+`[$__rate_interval]))`, "step-down {{session}} {{reason}}"))).
 		WithPanel(series("Lease store latency, p99", "One Renew and one Acquire call, all store operations included.", "s",

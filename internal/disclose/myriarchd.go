@@ -1,7 +1,6 @@
 package disclose
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -36,53 +35,12 @@ type LeaderReport struct {
 	shutdown, preStop, grace time.Duration
 }
 
-// LeaderFlags are the inputs of `myriarchd budget`.
-type LeaderFlags struct {
-	fs                         *flag.FlagSet
-	timeout, shutdown, preStop *string
-	JSON                       *bool
-}
-
-// NewLeaderFlags defines the flags of `myriarchd budget`.
-func NewLeaderFlags(name string, output io.Writer) *LeaderFlags {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(output)
-	return &LeaderFlags{
-		fs:       fs,
-		timeout:  fs.String("leader-session-timeout", failover.DefaultLeaderSessionTimeout.String(), "ha.leaderSessionTimeout (T), within [10s, 10m]"),
-		shutdown: fs.String("shutdown-timeout", failover.DefaultShutdownTimeout.String(), "server.shutdownTimeout"),
-		preStop:  fs.String("pre-stop-sleep", failover.DefaultPreStopSleep.String(), "preStopSleepSeconds of the Helm chart"),
-		JSON:     fs.Bool("json", false, "print the stable JSON object"),
-	}
-}
-
-// FlagSet exposes the underlying flag set.
-func (f *LeaderFlags) FlagSet() *flag.FlagSet { return f.fs }
-
-// Parse parses args and computes the report. A flag error (not a refused
-// value) is returned as error.
-func (f *LeaderFlags) Parse(args []string) (LeaderReport, error) {
-	if err := f.fs.Parse(args); err != nil {
-		return LeaderReport{}, err
-	}
-	if f.fs.NArg() > 0 {
-		return LeaderReport{}, fmt.Errorf("unexpected arguments: %q", f.fs.Args())
-	}
-	var errs []string
-	dur := func(flagName, field, s string) time.Duration {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("--%s (%s): %q: not a Go duration such as 30s", flagName, field, s))
-		}
-		return d
-	}
-	t := dur("leader-session-timeout", "ha.leaderSessionTimeout", *f.timeout)
-	sd := dur("shutdown-timeout", "server.shutdownTimeout", *f.shutdown)
-	ps := dur("pre-stop-sleep", "preStopSleepSeconds", *f.preStop)
-	if len(errs) > 0 {
-		return LeaderReport{Errors: errs}, nil
-	}
-	return LeaderBudget(t, sd, ps), nil
+// myriarchdKeys maps failover's field names onto myriarchd's settings and
+// the Helm chart's value.
+var myriarchdKeys = map[string]string{
+	"LeaderSessionTimeout": "ha.leaderSessionTimeout",
+	"ShutdownTimeout":      "server.shutdownTimeout",
+	"PreStopSleep":         "preStopSleepSeconds",
 }
 
 // LeaderBudget computes the report for T, server.shutdownTimeout and the
@@ -91,7 +49,7 @@ func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
 	r := LeaderReport{Errors: []string{}}
 	k, err := failover.DeriveLeaderKeepalive(t)
 	if err != nil {
-		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
+		r.Errors = append(r.Errors, failover.ErrorStrings(failover.RenameFields(err, myriarchdKeys))...)
 	} else {
 		r.keepalive = k
 		r.LeaderSessionTimeout = secs(k.T)
@@ -110,7 +68,7 @@ func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
 	}
 	g, err := failover.TerminationGracePeriod(preStopSleep, shutdownTimeout)
 	if err != nil {
-		r.Errors = append(r.Errors, failover.ErrorStrings(err)...)
+		r.Errors = append(r.Errors, failover.ErrorStrings(failover.RenameFields(err, myriarchdKeys))...)
 	} else {
 		r.shutdown, r.preStop, r.grace = shutdownTimeout, preStopSleep, g
 		r.ShutdownTimeout = secs(shutdownTimeout)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/disclose"
 )
 
@@ -71,13 +72,7 @@ func Blocks(doc string) []string {
 
 func secs(d time.Duration) string { return disclose.Seconds(d) }
 
-func mqttDefaults() failover.Activation {
-	a, err := failover.MQTTActivation(failover.DefaultMQTTConnectTimeout, failover.DefaultMQTTReconcileTimeout, failover.DefaultMQTTUnmatchedGrace)
-	if err != nil {
-		panic(err) // the shipped defaults are valid; a test covers it
-	}
-	return a
-}
+func mqttDefaults() failover.Activation { return activation.DefaultMQTT() }
 
 // probeStepDown is a whole-second threshold used to express the
 // broker-path budget as "broker_health_step_down + X".
@@ -181,31 +176,42 @@ func leaderDefault() (failover.LeaderKeepalive, error) {
 	return r.Keepalive(), nil
 }
 
-func leaderBudget() (string, error) {
+// leaderTable writes a table of the default derivation: its header, then
+// the rows that rows writes.
+func leaderTable(header func(k failover.LeaderKeepalive) string, rows func(b *strings.Builder, k failover.LeaderKeepalive)) (string, error) {
 	k, err := leaderDefault()
 	if err != nil {
 		return "", err
 	}
 	var b strings.Builder
-	b.WriteString("| Part of T | Value | With the default of " + secs(k.T) + " |\n|---|---|---|\n")
-	fmt.Fprintf(&b, "| Retry of a follower | every min(5 s, T/6), up to 20 percent more by jitter | at most %s |\n", secs(k.FollowerRetryMax))
-	fmt.Fprintf(&b, "| Margin for the acquisition | T/20 | %s |\n", secs(k.AcquisitionMargin))
-	fmt.Fprintf(&b, "| Detection D: the server drops the silent session within | T minus the two parts above, rounded down to whole seconds | %s |\n", secs(k.Detection))
+	b.WriteString(header(k))
+	rows(&b, k)
 	return b.String(), nil
 }
 
+func leaderBudget() (string, error) {
+	return leaderTable(func(k failover.LeaderKeepalive) string {
+		return "| Part of T | Value | With the default of " + secs(k.T) + " |\n|---|---|---|\n"
+	}, leaderBudgetRows)
+}
+
+func leaderBudgetRows(b *strings.Builder, k failover.LeaderKeepalive) {
+	fmt.Fprintf(b, "| Retry of a follower | every min(5 s, T/6), up to 20 percent more by jitter | at most %s |\n", secs(k.FollowerRetryMax))
+	fmt.Fprintf(b, "| Margin for the acquisition | T/20 | %s |\n", secs(k.AcquisitionMargin))
+	fmt.Fprintf(b, "| Detection D: the server drops the silent session within | T minus the two parts above, rounded down to whole seconds | %s |\n", secs(k.Detection))
+}
+
 func leaderParams() (string, error) {
-	k, err := leaderDefault()
-	if err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	b.WriteString("| Server parameter | Value | With the default |\n|---|---|---|\n")
-	fmt.Fprintf(&b, "| tcp_keepalives_idle | I seconds | %d |\n", int64(k.KeepalivesIdle/time.Second))
-	fmt.Fprintf(&b, "| tcp_keepalives_interval | I seconds | %d |\n", int64(k.KeepalivesInterval/time.Second))
-	fmt.Fprintf(&b, "| tcp_keepalives_count | D/I − 1 | %d |\n", k.KeepalivesCount)
-	fmt.Fprintf(&b, "| tcp_user_timeout | (D − I) seconds, in milliseconds | %d |\n", k.UserTimeout.Milliseconds())
-	return b.String(), nil
+	return leaderTable(func(failover.LeaderKeepalive) string {
+		return "| Server parameter | Value | With the default |\n|---|---|---|\n"
+	}, leaderParamRows)
+}
+
+func leaderParamRows(b *strings.Builder, k failover.LeaderKeepalive) {
+	fmt.Fprintf(b, "| tcp_keepalives_idle | I seconds | %d |\n", int64(k.KeepalivesIdle/time.Second))
+	fmt.Fprintf(b, "| tcp_keepalives_interval | I seconds | %d |\n", int64(k.KeepalivesInterval/time.Second))
+	fmt.Fprintf(b, "| tcp_keepalives_count | D/I − 1 | %d |\n", k.KeepalivesCount)
+	fmt.Fprintf(b, "| tcp_user_timeout | (D − I) seconds, in milliseconds | %d |\n", k.UserTimeout.Milliseconds())
 }
 
 // LeaderTimeoutSamples are the values of T the docs tabulate.

@@ -18,6 +18,10 @@ type Config struct {
 	// Exclusive is the canonical, admitted policy of every exclusive
 	// session that a route uses, sorted by session ID.
 	Exclusive []failover.CanonicalSession
+	// Admission is the one admission run over the routes' policies: each
+	// route's assessment (also of routes whose session was refused) and
+	// the divergences between routes of one session.
+	Admission failover.Preflighted
 	// QueueRoom is the queue-room admission of each admitted exclusive
 	// session, by session ID.
 	QueueRoom map[string]failover.QueueRoom

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/godur"
 )
 
 type validator struct {
@@ -53,9 +55,9 @@ func (v *validator) duration(path, s string, def time.Duration) time.Duration {
 	if strings.TrimSpace(s) == "" {
 		return def
 	}
-	d, err := time.ParseDuration(strings.TrimSpace(s))
+	d, err := godur.Parse(s)
 	if err != nil {
-		v.add(path, s, "must be a Go duration such as 30s or 1m30s")
+		v.add(path, s, godur.Rule)
 		return def
 	}
 	if d < 0 {
@@ -318,10 +320,10 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		s.Username = r.Username
 		s.Password = v.secret(p+".password", r.PasswordFile, r.PasswordEnv)
 		s.TLS = v.tls(p+".tls", r.TLS)
-		s.ConnectTimeout = v.positive(p+".connect_timeout", r.ConnectTimeout, failover.DefaultMQTTConnectTimeout)
-		s.ReconcileTimeout = v.positive(p+".reconcile_timeout", r.ReconcileTimeout, failover.DefaultMQTTReconcileTimeout)
-		s.UnmatchedGrace = v.positive(p+".unmatched_grace", r.UnmatchedGrace, failover.DefaultMQTTUnmatchedGrace)
-		if act, err := failover.MQTTActivation(s.ConnectTimeout, s.ReconcileTimeout, s.UnmatchedGrace); err != nil {
+		s.ConnectTimeout = v.positive(p+".connect_timeout", r.ConnectTimeout, activation.DefaultMQTTConnectTimeout)
+		s.ReconcileTimeout = v.positive(p+".reconcile_timeout", r.ReconcileTimeout, activation.DefaultMQTTReconcileTimeout)
+		s.UnmatchedGrace = v.positive(p+".unmatched_grace", r.UnmatchedGrace, activation.DefaultMQTTUnmatchedGrace)
+		if act, err := activation.MQTT(s.ConnectTimeout, s.ReconcileTimeout, s.UnmatchedGrace); err != nil {
 			v.failover(p, err)
 		} else {
 			s.Activation = act
@@ -479,7 +481,7 @@ func (v *validator) senders(f *File, cfg *Config) {
 			}
 			s.QoS = byte(max(0, min(1, qos)))
 			s.KeepAlive = v.duration(p+".mqtt.keep_alive", m.KeepAlive, DefaultKeepAlive)
-			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, failover.DefaultMQTTConnectTimeout)
+			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, activation.DefaultMQTTConnectTimeout)
 			s.Timeout = v.positive(p+".mqtt.timeout", m.Timeout, DefaultSenderTimeout)
 		case r.Type == senderHTTP && r.HTTP != nil:
 			h := r.HTTP
@@ -670,41 +672,45 @@ func boolStr(b *bool) string {
 	return strconv.FormatBool(*b)
 }
 
-// admit canonicalizes and admits the exclusive sessions: per route first,
-// so that each refusal names its route, then across routes per session.
+// admit canonicalizes and admits the exclusive sessions in one pass of
+// failover.Preflight: each route's refusals are reported with its paths,
+// then the divergences between routes of one session.
 func (v *validator) admit(cfg *Config) {
 	var inputs []failover.SessionInput
+	var routeOf []int // input index → route index
 	for i, r := range cfg.Routes {
 		if r.Policy == nil {
 			continue
 		}
-		p := fmt.Sprintf("routes[%d]", i)
-		a := failover.Assess(*r.Policy)
-		if a.Err != nil {
-			for _, e := range failover.Errs(a.Err) {
-				var fe *failover.FieldError
-				if errors.As(e, &fe) {
-					path := p + "." + fe.Field
-					switch fe.Field {
-					case "connect_timeout", "reconcile_timeout", "unmatched_grace":
-						path = fmt.Sprintf("sessions[%d].%s", slices.IndexFunc(cfg.Sessions, func(s SessionSettings) bool { return s.ID == r.Session }), fe.Field)
-					}
-					v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: fe.Value, Rule: fe.Rule})
-					continue
-				}
-				v.add(p, nil, "%v", e)
-			}
-		}
 		inputs = append(inputs, failover.SessionInput{Source: fmt.Sprintf("routes[%d] %q", i, r.ID), SessionID: r.Session, Policy: *r.Policy})
+		routeOf = append(routeOf, i)
 	}
-	canon, err := failover.Preflight(inputs)
-	for _, e := range failover.Errs(err) {
-		// Refusals of one route's policy were reported above with their
-		// paths; what is left is divergence between routes.
-		if msg := e.Error(); !strings.Contains(msg, `", routes[`) {
-			v.problems = append(v.problems, Problem{File: v.file, Rule: msg})
+	pf := failover.Preflight(inputs)
+	results := slices.Clone(pf.Sources)
+	slices.SortFunc(results, func(a, b failover.SourceResult) int { return a.Input - b.Input })
+	for _, res := range results {
+		i := routeOf[res.Input]
+		r := cfg.Routes[i]
+		p := fmt.Sprintf("routes[%d]", i)
+		for _, e := range failover.Errs(res.Assessment.Err) {
+			var fe *failover.FieldError
+			if errors.As(e, &fe) {
+				path := p + "." + fe.Field
+				switch fe.Field {
+				case "connect_timeout", "reconcile_timeout", "unmatched_grace":
+					path = fmt.Sprintf("sessions[%d].%s", slices.IndexFunc(cfg.Sessions, func(s SessionSettings) bool { return s.ID == r.Session }), fe.Field)
+				}
+				v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: fe.Value, Rule: fe.Rule})
+				continue
+			}
+			v.add(p, nil, "%v", e)
 		}
 	}
+	for _, d := range pf.Divergences {
+		v.problems = append(v.problems, Problem{File: v.file, Rule: d.Error()})
+	}
+	canon := pf.Sessions
+	cfg.Admission = pf
 	cfg.Exclusive = canon
 	for _, c := range canon {
 		for _, w := range c.Assessment.Warnings {

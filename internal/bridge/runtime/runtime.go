@@ -7,7 +7,7 @@
 // acquired and disconnects when it is lost; the next tenure gets a fresh
 // transport session in the same process. The one exception is a
 // broker-path step-down: it is terminal, Run returns
-// lease.ErrBrokerPathStepDown and the process exits non-zero, because an
+// lease.ErrDependencyStepDown and the process exits non-zero, because an
 // owner that proved it cannot reach the broker would otherwise re-seize
 // the lease it just released before a standby's next poll. The
 // orchestrator restarts it and it rejoins as a standby.
@@ -147,7 +147,7 @@ func (b *Bridge) LogBudgets() {
 
 // Run runs every session until ctx ends, then shuts down gracefully
 // within shutdown_timeout: intake stops, in-flight messages drain, leases
-// are released. It returns lease.ErrBrokerPathStepDown after a broker-path
+// are released. It returns lease.ErrDependencyStepDown after a broker-path
 // step-down (after shutting the rest down), or the first fatal error.
 func (b *Bridge) Run(ctx context.Context) error {
 	defer b.closeAll(context.Background())
@@ -178,7 +178,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	close(errs)
 	var first error
 	for err := range errs {
-		if err != nil && (first == nil || errors.Is(err, lease.ErrBrokerPathStepDown)) {
+		if err != nil && (first == nil || errors.Is(err, lease.ErrDependencyStepDown)) {
 			first = err
 		}
 	}
@@ -297,13 +297,13 @@ func (b *Bridge) newRunner(s *config.SessionSettings, clock lease.Clock) (*runne
 	r.role = "standby"
 	after, _ := c.Assessment.Policy.BrokerHealthStepDown.After()
 	m, err := lease.New(lease.Config{
-		Store:                b.store,
-		Session:              b.cfg.Bridge.ID + "/" + s.ID,
-		InstanceID:           b.instanceID,
-		Endpoint:             b.cfg.Bridge.HTTPListen,
-		Cadence:              c.Assessment.Cadence,
-		BrokerHealthStepDown: after,
-		OnOwner:              r.own,
+		Store:              b.store,
+		Session:            b.cfg.Bridge.ID + "/" + s.ID,
+		InstanceID:         b.instanceID,
+		Endpoint:           b.cfg.Bridge.HTTPListen,
+		Cadence:            c.Assessment.Cadence,
+		DependencyStepDown: after,
+		OnOwner:            r.own,
 		CloseSource: func(context.Context) error {
 			r.drain()
 			return nil
@@ -360,7 +360,7 @@ func (r *runner) run(ctx, hard context.Context) error {
 	}()
 	defer func() { close(stop); <-consumed }()
 	err := r.manager.Run(ctx)
-	if errors.Is(err, lease.ErrBrokerPathStepDown) {
+	if errors.Is(err, lease.ErrDependencyStepDown) {
 		r.b.met.StepDowns.WithLabelValues(r.sess.ID).Inc()
 		r.mu.Lock()
 		r.brokerStepDown, r.role = true, "stepped_down"
@@ -378,7 +378,7 @@ func (r *runner) run(ctx, hard context.Context) error {
 func (r *runner) own(o *lease.Ownership) {
 	t := &tenure{own: o, start: time.Now()}
 	t.pathLostSince = t.start
-	o.ReportBrokerPath(false)
+	o.ReportDependency(false)
 	r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(1)
 	r.mu.Lock()
 	r.role, r.cur = "owner", t
@@ -549,14 +549,14 @@ func (r *runner) onLevel(t *tenure, l mqtt.Level) {
 		}
 		t.pathLostSince = time.Time{}
 		r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
-		t.own.ReportBrokerPath(true)
+		t.own.ReportDependency(true)
 	case t.pathLostSince.IsZero() && !t.quiet:
 		// The broker-path clock starts when the path is lost while
 		// serving (before full service it has run since the acquisition).
 		t.pathLostSince = time.Now()
 		r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(1)
 		r.log.Warn("broker path lost while owning", "level", l.String())
-		t.own.ReportBrokerPath(false)
+		t.own.ReportDependency(false)
 	}
 }
 

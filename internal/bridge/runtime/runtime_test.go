@@ -253,7 +253,7 @@ func TestBrokerPathStepDown(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("owner did not step down")
 	}
-	if !errors.Is(runErr, lease.ErrBrokerPathStepDown) {
+	if !errors.Is(runErr, lease.ErrDependencyStepDown) {
 		t.Fatalf("owner returned %v, want the terminal step-down", runErr)
 	}
 	if got := testutil.ToFloat64(mustGet(t, a.reg, "myriarch_bridge_broker_health_step_down_total")); got != 1 {

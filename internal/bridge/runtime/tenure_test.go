@@ -213,7 +213,7 @@ func TestUnreachableBrokerOwnerReleases(t *testing.T) {
 		t.Fatalf("the owner that cannot reach its broker kept the lease (role %s)", role(a))
 	}
 	released := time.Since(ownedAt)
-	if !errors.Is(runErr, lease.ErrBrokerPathStepDown) {
+	if !errors.Is(runErr, lease.ErrDependencyStepDown) {
 		t.Fatalf("owner returned %v, want the terminal broker-path step-down", runErr)
 	}
 	if released < 2*time.Second {

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/godur"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -164,9 +165,9 @@ func EnvName(key string) string {
 func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(*Config) *time.Duration) Setting {
 	rule := fmt.Sprintf("must be a duration within [%s, %s]", fmtDur(lo), fmtDur(hi))
 	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
-		d, err := time.ParseDuration(strings.TrimSpace(v))
+		d, err := godur.Parse(v)
 		if err != nil {
-			return errors.New("must be a Go duration such as 30s or 2m")
+			return err
 		}
 		if d < lo || d > hi {
 			return errors.New(rule)
@@ -488,7 +489,7 @@ func (c *Config) crossCheck() []error {
 		errs = append(errs, &FieldError{Field: "agents.offlineAfter", Value: c.Agents.OfflineAfter.String(),
 			Rule: fmt.Sprintf("must be more than 2 × server.lastSeenFlushInterval (%v)", 2*c.Server.LastSeenFlushInterval)})
 	}
-	if _, err := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout); err != nil {
+	if _, err := c.keepalive(); err != nil {
 		errs = append(errs, err)
 	}
 	return errs
@@ -496,8 +497,15 @@ func (c *Config) crossCheck() []error {
 
 // Keepalive is the lock-session derivation for this configuration.
 func (c *Config) Keepalive() failover.LeaderKeepalive {
-	k, _ := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout) // checked by Load
+	k, _ := c.keepalive() // checked by Load
 	return k
+}
+
+// keepalive is the one call of the derivation, its refusal named by
+// myriarchd's key.
+func (c *Config) keepalive() (failover.LeaderKeepalive, error) {
+	k, err := failover.DeriveLeaderKeepalive(c.HA.LeaderSessionTimeout)
+	return k, failover.RenameFields(err, map[string]string{"LeaderSessionTimeout": "ha.leaderSessionTimeout"})
 }
 
 // flattenYAML turns a two-level YAML mapping into section.key → scalar.

@@ -6,13 +6,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/godur"
 )
 
 // mountRollouts adds the configuration and rollout pages. Unlike the other
@@ -161,9 +161,9 @@ func rolloutForm(r *http.Request) (rollout.Request, error) {
 		if v == "" {
 			return nil
 		}
-		d, err := time.ParseDuration(v)
+		d, err := godur.Parse(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: must be a duration such as 30s or 2m", k, v))
+			errs = append(errs, fmt.Errorf("%s %q: %w", k, v, err))
 			return nil
 		}
 		return rollout.Secs(d.Seconds())

@@ -187,9 +187,9 @@ type MemberConfig struct {
 	Cadence  failover.Cadence
 	History  *History
 	ActEvery time.Duration
-	// BrokerHealthStepDown is passed to the manager.
-	BrokerHealthStepDown time.Duration
-	Logger               *slog.Logger
+	// DependencyStepDown is passed to the manager.
+	DependencyStepDown time.Duration
+	Logger             *slog.Logger
 }
 
 // StartMember starts a member; it runs until Kill or Stop.
@@ -204,13 +204,13 @@ func StartMember(t testing.TB, cfg MemberConfig) *Member {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	mgr, err := lease.New(lease.Config{
-		Store:                m.Store,
-		Session:              cfg.Session,
-		Owner:                lease.OwnerID(cfg.Name) + "-" + fmt.Sprint(time.Now().UnixNano()),
-		Endpoint:             cfg.Name,
-		Cadence:              cfg.Cadence,
-		BrokerHealthStepDown: cfg.BrokerHealthStepDown,
-		Logger:               log.With("member", cfg.Name),
+		Store:              m.Store,
+		Session:            cfg.Session,
+		Owner:              lease.OwnerID(cfg.Name) + "-" + fmt.Sprint(time.Now().UnixNano()),
+		Endpoint:           cfg.Name,
+		Cadence:            cfg.Cadence,
+		DependencyStepDown: cfg.DependencyStepDown,
+		Logger:             log.With("member", cfg.Name),
 		OnOwner: func(own *lease.Ownership) {
 			for {
 				if m.killed.Load() {

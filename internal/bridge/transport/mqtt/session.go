@@ -33,6 +33,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 )
@@ -127,7 +128,7 @@ var ErrTenureEnded = errors.New("mqtt session: the lease tenure ended")
 
 // Activation is the bound this transport declares to the failover package.
 func (c Config) Activation() (failover.Activation, error) {
-	return failover.MQTTActivation(c.ConnectTimeout, c.ReconcileTimeout, c.UnmatchedGrace)
+	return activation.MQTT(c.ConnectTimeout, c.ReconcileTimeout, c.UnmatchedGrace)
 }
 
 // Session is one broker session. Create it with New, run it with Run.

@@ -1,4 +1,4 @@
-package disclose
+package budgetcmd
 
 import (
 	"bytes"

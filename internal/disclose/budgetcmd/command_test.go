@@ -1,10 +1,11 @@
-package disclose
+package budgetcmd
 
 import (
 	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 func runBridge(t *testing.T, args ...string) (map[string]any, string, int) {
@@ -52,7 +53,7 @@ func TestBridgeBudgetRefusals(t *testing.T) {
 	}{
 		{[]string{"--failover-slo", "10m"}, "broker_health_step_down: omitted", "undeclared"},
 		{[]string{"--failover-slo", "336.499s", "--deployment-mode", "clustered", "--broker-health-step-down", "off"}, "owner-death budget is 5m36.5s", "off"},
-		{[]string{"--lease-ttl", "abc", "--renew-interval", "-1s"}, `--lease-ttl (lease_ttl): "abc": not a Go duration`, "undeclared"},
+		{[]string{"--lease-ttl", "abc", "--renew-interval", "-1s"}, `--lease-ttl (lease_ttl): "abc": must be a Go duration such as 30s or 1m30s`, "undeclared"},
 		{[]string{"--broker-health-step-down", "0s"}, `broker_health_step_down: 0s: must be "off" or a positive duration`, "undeclared"},
 		{[]string{"--max-renew-fails", "zero"}, `--max-renew-fails (max_renew_fails): "zero": must be a positive integer`, "undeclared"},
 		{[]string{"--connect-timeout", "0s"}, `--connect-timeout (connect_timeout): "0s": must be positive`, "undeclared"},
@@ -108,7 +109,7 @@ func TestLeaderBudgetJSON(t *testing.T) {
 		{"10m", map[string]float64{"detection_s": 564, "tcp_keepalives_idle": 94, "tcp_keepalives_count": 5, "tcp_user_timeout_ms": 470000, "acquisition_margin_s": 30}},
 	} {
 		var out, errOut bytes.Buffer
-		if code := RunLeaderBudget([]string{"--leader-session-timeout", tc.t, "--json"}, &out, &errOut); code != 0 {
+		if code := RunLeaderBudget([]string{"--leader-session-timeout", tc.t, "--json"}, DefaultLeaderInputs(), &out, &errOut); code != 0 {
 			t.Fatalf("%s: exit %d %s", tc.t, code, errOut.String())
 		}
 		var m map[string]any
@@ -125,7 +126,7 @@ func TestLeaderBudgetJSON(t *testing.T) {
 		}
 	}
 	var out, errOut bytes.Buffer
-	if code := RunLeaderBudget([]string{"--leader-session-timeout", "9s", "--json"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "[10s, 10m0s]") || !strings.Contains(out.String(), "[10s, 10m0s]") {
+	if code := RunLeaderBudget([]string{"--leader-session-timeout", "9s", "--json"}, DefaultLeaderInputs(), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "[10s, 10m0s]") || !strings.Contains(out.String(), "[10s, 10m0s]") {
 		t.Fatalf("T=9s: exit %d, stdout %q stderr %q", code, out.String(), errOut.String())
 	}
 }
@@ -150,5 +151,35 @@ func TestBridgeBudgetQueueRoom(t *testing.T) {
 	_, stderr, code = runBridge(t, "--peak-message-rate", "-1", "--broker-max-queued-messages", "lots")
 	if code != 2 || !strings.Contains(stderr, `--peak-message-rate (peak_message_rate): "-1"`) || !strings.Contains(stderr, `--broker-max-queued-messages (broker_max_queued_messages): "lots"`) {
 		t.Errorf("bad values: exit %d\n%s", code, stderr)
+	}
+}
+
+// The starting values are values (the loaded configuration), and a flag
+// given explicitly overrides them.
+func TestLeaderBudgetStartsFromInputs(t *testing.T) {
+	in := LeaderInputs{LeaderSessionTimeout: 20 * time.Second, ShutdownTimeout: 45 * time.Second, PreStopSleep: 0}
+	for _, tc := range []struct {
+		args      []string
+		t, grace  float64
+		code      int
+		errSubstr string
+	}{
+		{nil, 20, 110, 0, ""},
+		{[]string{"--leader-session-timeout", "40s"}, 40, 110, 0, ""},
+		{[]string{"--shutdown-timeout", "1m"}, 20, 140, 0, ""},
+		{[]string{"--shutdown-timeout", "soon"}, 0, 0, 2, `--shutdown-timeout (server.shutdownTimeout): "soon": must be a Go duration such as 30s or 1m30s`},
+	} {
+		var out, errOut bytes.Buffer
+		code := RunLeaderBudget(append(tc.args, "--json"), in, &out, &errOut)
+		var m map[string]any
+		if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+			t.Fatalf("%v: not JSON: %q", tc.args, out.String())
+		}
+		if code != tc.code || (tc.errSubstr != "" && !strings.Contains(errOut.String(), tc.errSubstr)) {
+			t.Fatalf("%v: exit %d, stderr %q", tc.args, code, errOut.String())
+		}
+		if tc.code == 0 && (m["leader_session_timeout_s"] != tc.t || m["termination_grace_period_s"] != tc.grace) {
+			t.Errorf("%v: T %v grace %v, want %v %v", tc.args, m["leader_session_timeout_s"], m["termination_grace_period_s"], tc.t, tc.grace)
+		}
 	}
 }

@@ -1,0 +1,28 @@
+// Package godur is the one rule for durations that operators write in
+// configuration files, flags and forms: a Go duration string such as 30s
+// or 1m30s, surrounding white space ignored. Callers name the field and
+// add their own range rules; the syntax and its message are here once.
+package godur
+
+import (
+	"errors"
+	"strings"
+	"time"
+)
+
+// Rule is the syntax rule, as callers quote it in their errors.
+const Rule = "must be a Go duration such as 30s or 1m30s"
+
+// ErrSyntax is the error of a string that is not a Go duration.
+var ErrSyntax = errors.New(Rule)
+
+// Parse parses s, ignoring surrounding white space. A malformed s yields
+// ErrSyntax (the time package's message would repeat the value that the
+// caller already names).
+func Parse(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, ErrSyntax
+	}
+	return d, nil
+}
