@@ -49,6 +49,9 @@ func Compare(old, cur *Config) (Diff, Problems) {
 	restart("bridge.http.listen", ob.HTTPListen, nb.HTTPListen)
 	restart("bridge.dead_letter.path", ob.DeadLetterPath, nb.DeadLetterPath)
 	restart("bridge.state_dir", ob.StateDir, nb.StateDir)
+	if !reflect.DeepEqual(old.OpAMP, cur.OpAMP) {
+		ps = append(ps, Problem{File: cur.File, Path: "opamp", Rule: "differs from the running configuration; it takes a restart, not a reload"})
+	}
 	if !reflect.DeepEqual(old.LeaseStore, cur.LeaseStore) {
 		ps = append(ps, Problem{File: cur.File, Path: "stores.lease", Rule: "differs from the running configuration; it takes a restart, not a reload"})
 	}
