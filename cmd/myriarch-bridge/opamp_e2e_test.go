@@ -47,7 +47,7 @@ sessions:
     session_mode: exclusive
     brokers: ["BROKER"]
     client_id: plant-bridge
-    keep_alive: 1s
+    keep_alive: 10s
     connect_timeout: 1s
     reconcile_timeout: 1s
     unmatched_grace: 1s
