@@ -23,8 +23,8 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	bridgeopamp "github.com/myriarch/myriarch/internal/bridge/opamp"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	bridgeopamp "github.com/myriarch/myriarch/internal/bridge/opamp"
 	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/store"
