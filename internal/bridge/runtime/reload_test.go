@@ -212,3 +212,42 @@ func TestReloadRefusesRestartSettings(t *testing.T) {
 		t.Fatal("a refused reload changed the bridge")
 	}
 }
+
+// A reload that drops a filter unsubscribes it: the session changes, and
+// its next connection (same broker session) unsubscribes what it no
+// longer wants.
+func TestReloadUnsubscribesRemovedFilters(t *testing.T) {
+	br, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	dir := t.TempDir()
+	sk := newSink(t)
+	a := start(t, dir, "a", br.URL, sk.srv.URL)
+	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	subscribed := func(topic string) bool {
+		_, ok := br.Server.Topics.Subscribers(topic).Subscriptions["plant-bridge"]
+		return ok
+	}
+	if !subscribed("in/x") {
+		t.Fatal("in/# not subscribed at the start")
+	}
+	version := leaseVersion(a)
+	cfg := reloadCfg(t, dir, "a", br.URL, sk.srv.URL, func(y string) string {
+		return strings.Replace(y, `filter: "in/#"`, `filter: "in/a/#"`, 1)
+	})
+	d, err := a.b.Reload(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(d.Changed) != "[plant]" {
+		t.Fatalf("diff: changed %v", d.Changed)
+	}
+	waitFor(t, "a serves the new filter", func() bool {
+		return role(a) == "owner/full" && leaseVersion(a) > version && subscribed("in/a/1")
+	})
+	if subscribed("in/x") {
+		t.Fatal("the removed filter in/# is still subscribed")
+	}
+}
