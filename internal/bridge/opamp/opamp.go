@@ -81,6 +81,7 @@ type Client struct {
 	mu         sync.Mutex
 	lastHealth string
 	stopped    bool
+	credential string // offered by myriarchd; replaces the enrollment secret
 }
 
 // Start connects to myriarchd in the background (opamp-go retries) and
@@ -94,11 +95,14 @@ func Start(ctx context.Context, o Options) (*Client, error) {
 	}
 	c := &Client{o: o, log: o.Logger.With("component", "opamp"), pending: make(chan *protobufs.AgentRemoteConfig, 1),
 		stop: make(chan struct{})}
-	uid, err := LoadOrCreateUID(filepath.Join(o.StateDir, o.BridgeID+"-opamp-instance-uid"))
+	uid, err := LoadOrCreateUID(c.uidFile())
 	if err != nil {
 		return nil, err
 	}
 	c.uid = uid
+	if b, err := os.ReadFile(c.credentialFile()); err == nil {
+		c.credential = strings.TrimSpace(string(b))
+	}
 	s := o.Settings
 	if strings.HasPrefix(s.ServerURL, "http") {
 		c.cli = client.NewHTTP(nil)
@@ -118,7 +122,8 @@ func Start(ctx context.Context, o Options) (*Client, error) {
 	}
 	caps := protobufs.AgentCapabilities_AgentCapabilities_ReportsStatus | protobufs.AgentCapabilities_AgentCapabilities_AcceptsRemoteConfig |
 		protobufs.AgentCapabilities_AgentCapabilities_ReportsRemoteConfig | protobufs.AgentCapabilities_AgentCapabilities_ReportsHealth |
-		protobufs.AgentCapabilities_AgentCapabilities_ReportsEffectiveConfig
+		protobufs.AgentCapabilities_AgentCapabilities_ReportsEffectiveConfig |
+		protobufs.AgentCapabilities_AgentCapabilities_AcceptsOpAMPConnectionSettings
 	if s.HeartbeatInterval > 0 {
 		caps |= protobufs.AgentCapabilities_AgentCapabilities_ReportsHeartbeat
 	}
@@ -132,11 +137,22 @@ func Start(ctx context.Context, o Options) (*Client, error) {
 	settings := types.StartSettings{
 		OpAMPServerURL: s.ServerURL,
 		Header:         http.Header{"Authorization": []string{"Bearer " + s.EnrollmentSecret.Reveal()}},
-		InstanceUid:    uid,
-		TLSConfig:      tc,
+		// A credential myriarchd offered replaces the enrollment secret
+		// from the next connection on, and after restarts.
+		HeaderFunc: func(h http.Header) http.Header {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.credential != "" {
+				h.Set("Authorization", "Bearer "+c.credential)
+			}
+			return h
+		},
+		InstanceUid: uid,
+		TLSConfig:   tc,
 		Callbacks: types.Callbacks{
-			OnConnect:       func(context.Context) { c.log.Info("connected to myriarchd", "url", s.ServerURL) },
-			OnConnectFailed: func(_ context.Context, err error) { c.log.Debug("connecting to myriarchd", "err", err) },
+			OnOpampConnectionSettings: c.onConnectionSettings,
+			OnConnect:                 func(context.Context) { c.log.Info("connected to myriarchd", "url", s.ServerURL) },
+			OnConnectFailed:           func(_ context.Context, err error) { c.log.Debug("connecting to myriarchd", "err", err) },
 			OnError: func(_ context.Context, e *protobufs.ServerErrorResponse) {
 				c.log.Warn("myriarchd reported an error", "message", e.GetErrorMessage())
 			},
@@ -176,7 +192,50 @@ func (c *Client) Stop(ctx context.Context) error {
 	return c.cli.Stop(ctx)
 }
 
+func (c *Client) uidFile() string {
+	return filepath.Join(c.o.StateDir, c.o.BridgeID+"-opamp-instance-uid")
+}
+
+func (c *Client) credentialFile() string {
+	return filepath.Join(c.o.StateDir, c.o.BridgeID+"-opamp-credential")
+}
+
+// onConnectionSettings accepts the per-agent credential myriarchd offers
+// (an Authorization header) and keeps it in state_dir (mode 0600), so
+// that restarts use it too. Other offered settings are not applied.
+func (c *Client) onConnectionSettings(_ context.Context, s *protobufs.OpAMPConnectionSettings) error {
+	for _, h := range s.GetHeaders().GetHeaders() {
+		if !strings.EqualFold(h.Key, "Authorization") {
+			continue
+		}
+		cred, ok := strings.CutPrefix(h.Value, "Bearer ")
+		if !ok || cred == "" {
+			return errors.New("offered Authorization header is not a bearer token")
+		}
+		if err := config.WriteFileAtomic(c.credentialFile(), []byte(cred+"\n")); err != nil {
+			c.log.Error("keeping the offered OpAMP credential failed; still enrolling with the secret", "err", err)
+			return err
+		}
+		c.mu.Lock()
+		c.credential = cred
+		c.mu.Unlock()
+		c.log.Info("accepted the agent credential offered by myriarchd", "file", c.credentialFile())
+	}
+	return nil
+}
+
 func (c *Client) onMessage(_ context.Context, msg *types.MessageData) {
+	if id := msg.AgentIdentification; id != nil && len(id.NewInstanceUid) == len(c.uid) {
+		// myriarchd saw this uid on another connected agent (a copied
+		// state_dir): keep the new one it gave.
+		var nu types.InstanceUid
+		copy(nu[:], id.NewInstanceUid)
+		if err := config.WriteFileAtomic(c.uidFile(), []byte(UIDString(nu)+"\n")); err != nil {
+			c.log.Error("keeping the new OpAMP instance uid failed", "err", err)
+		} else {
+			c.log.Warn("myriarchd assigned a new instance uid", "old", UIDString(c.uid), "new", UIDString(nu))
+		}
+	}
 	if msg.RemoteConfig == nil {
 		return
 	}

@@ -1,10 +1,14 @@
 package opamp
 
 import (
+	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/open-telemetry/opamp-go/protobufs"
 
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 )
@@ -44,5 +48,27 @@ func TestSessionStatusText(t *testing.T) {
 	}
 	if m := ParseStatusText(got); m["lease_version"] != "7" || m["role"] != "owner" || len(m) != 8 {
 		t.Fatalf("parsed %v", m)
+	}
+}
+
+// An offered credential is kept in state_dir, 0600, and read at the next
+// start.
+func TestOfferedCredentialIsKept(t *testing.T) {
+	dir := t.TempDir()
+	c := &Client{o: Options{StateDir: dir, BridgeID: "b"}, log: slog.Default()}
+	offer := &protobufs.OpAMPConnectionSettings{Headers: &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Bearer myr_agent_123"}}}}
+	if err := c.onConnectionSettings(context.Background(), offer); err != nil {
+		t.Fatal(err)
+	}
+	if c.credential != "myr_agent_123" {
+		t.Fatalf("credential %q", c.credential)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "b-opamp-credential"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("credential file: %v %v", fi, err)
+	}
+	bad := &protobufs.OpAMPConnectionSettings{Headers: &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Basic x"}}}}
+	if err := c.onConnectionSettings(context.Background(), bad); err == nil || c.credential != "myr_agent_123" {
+		t.Fatalf("a non-bearer offer must be refused and change nothing: %v %q", err, c.credential)
 	}
 }
