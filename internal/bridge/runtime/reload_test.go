@@ -14,6 +14,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/runtime"
 )
 
 // connects counts the broker sessions established per client ID.
@@ -69,6 +70,8 @@ func reloadCfg(t *testing.T, dir, id, broker, sinkURL string, edit func(string) 
 	return cfg
 }
 
+func longKeepAlive(y string) string { return strings.Replace(y, "keep_alive: 1s", "keep_alive: 10s", 1) }
+
 func leaseVersion(in *instance) int64 { return in.b.Status().Sessions[0].LeaseVersion }
 
 // A reload that adds a route keeps the exclusive session where it is: same
@@ -86,9 +89,11 @@ func TestReloadAddingRouteKeepsLeaseAndConnection(t *testing.T) {
 	}
 	dir := t.TempDir()
 	sk, sk2 := newSink(t), newSink(t)
-	a := start(t, dir, "a", br.URL, sk.srv.URL)
+	// A keep-alive long enough that a loaded machine's late PINGREQ does
+	// not cost a reconnect, which would be counted against the reload.
+	a := startWith(t, longKeepAlive(cfgTemplate), dir, "a", br.URL, sk.srv.URL, runtime.Options{})
 	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
-	b := start(t, dir, "b", br.URL, sk.srv.URL)
+	b := startWith(t, longKeepAlive(cfgTemplate), dir, "b", br.URL, sk.srv.URL, runtime.Options{})
 	waitFor(t, "b standby", func() bool { return role(b) == "standby/none" })
 	version, conns := leaseVersion(a), hook.count("plant-bridge")
 
@@ -99,6 +104,7 @@ func TestReloadAddingRouteKeepsLeaseAndConnection(t *testing.T) {
 		pub(t, p, 0, 400)
 	}()
 	add := func(y string) string {
+		y = longKeepAlive(y)
 		y = strings.Replace(y, "\nroutes:", secondRoute, 1)
 		return strings.ReplaceAll(y, "SINK2", sk2.srv.URL)
 	}
