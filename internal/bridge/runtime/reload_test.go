@@ -70,7 +70,9 @@ func reloadCfg(t *testing.T, dir, id, broker, sinkURL string, edit func(string) 
 	return cfg
 }
 
-func longKeepAlive(y string) string { return strings.Replace(y, "keep_alive: 1s", "keep_alive: 10s", 1) }
+func longKeepAlive(y string) string {
+	return strings.Replace(y, "keep_alive: 1s", "keep_alive: 10s", 1)
+}
 
 func leaseVersion(in *instance) int64 { return in.b.Status().Sessions[0].LeaseVersion }
 
