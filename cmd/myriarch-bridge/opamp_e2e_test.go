@@ -426,7 +426,6 @@ func TestBridgesManagedByMyriarchd(t *testing.T) {
 	newCadence := render("6s", "60s", true)
 	h := push(standby, newCadence)
 	eventually(t, "the standby applied the new cadence", time.Minute, reported(standby, h, "applied"))
-	before := next
 	pubStop, pubDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(pubDone)
@@ -467,5 +466,4 @@ func TestBridgesManagedByMyriarchd(t *testing.T) {
 			t.Fatalf("%s reports lease version %s; want exactly one hand-over (%d)", p.dir, v, want+1)
 		}
 	}
-	_ = before
 }
