@@ -10,9 +10,17 @@ TESTFLAGS ?=
 # LAB adds lab flags, e.g. LAB="--scenarios all --store etcd" for the owner
 # scenarios (SIGSTOP, store partition, unreachable broker; ~2 minutes) or
 # LAB="--broker mosquitto --broker-queue-limit 1000 --rate 250".
+# DEMO=fleet instead shows the bridges as agents of myriarchd: myriarchd on
+# a throwaway PostgreSQL, two bridge processes, a route added and a cadence
+# changed by remote configuration (the end-to-end test, verbose).
 LAB ?=
+DEMO ?=
 demo:
+ifeq ($(DEMO),fleet)
+	$(GO) test -count=1 -v -run TestBridgesManagedByMyriarchd ./cmd/myriarch-bridge/
+else
 	$(GO) run ./cmd/myriarch-bridge lab $(LAB)
+endif
 
 # The failover arithmetic of both daemons at their defaults.
 budgets:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/health"
+	"github.com/myriarch/myriarch/internal/bridge/opamp"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/cli"
 	"github.com/myriarch/myriarch/internal/version"
@@ -107,6 +108,21 @@ func runBridge(args []string, _, stderr io.Writer) int {
 		}()
 	}
 	logger.Info("bridge started", "instance", b.InstanceID(), "deployment_mode", cfg.Bridge.DeploymentMode, "sessions", len(cfg.Sessions), "routes", len(cfg.Routes))
+	stopHUP := reloadOnHUP(ctx, b, *file, logger)
+	defer stopHUP()
+	if cfg.OpAMP != nil {
+		oc, err := opamp.Start(ctx, opamp.Options{Settings: cfg.OpAMP, File: *file, StateDir: cfg.Bridge.StateDir,
+			BridgeID: cfg.Bridge.ID, InstanceID: b.InstanceID(), Version: version.String(), Bridge: b, Logger: logger})
+		if err != nil {
+			logger.Error("starting the OpAMP client", "err", err)
+			return exitFailed
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = oc.Stop(sctx)
+		}()
+	}
 	err = b.Run(ctx)
 	switch {
 	case errors.Is(err, lease.ErrDependencyStepDown):
@@ -118,4 +134,40 @@ func runBridge(args []string, _, stderr io.Writer) int {
 	}
 	logger.Info("bridge stopped")
 	return 0
+}
+
+// reloadOnHUP applies the configuration file again on every SIGHUP, like a
+// remote configuration: checked like `check`, refused whole with every
+// problem logged, or applied by reload. The returned func stops it.
+func reloadOnHUP(ctx context.Context, b *runtime.Bridge, file string, logger *slog.Logger) func() {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-quit:
+				return
+			case <-hup:
+				data, err := os.ReadFile(file)
+				if err == nil {
+					var d config.Diff
+					d, err = b.ApplyFile(ctx, file, data, false)
+					if err == nil {
+						logger.Info("SIGHUP: configuration reloaded", "file", file, "kept", d.Kept, "changed", d.Changed, "added", d.Added, "removed", d.Removed)
+						continue
+					}
+				}
+				logger.Error("SIGHUP: configuration refused; nothing changed", "file", file, "err", err)
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(quit)
+		<-done
+	}
 }

@@ -26,6 +26,8 @@ type Config struct {
 	// session, by session ID.
 	QueueRoom map[string]failover.QueueRoom
 	Warnings  []string
+	// OpAMP is the opamp block; nil without one (see opamp.go).
+	OpAMP *OpAMPSettings
 }
 
 // Session modes.

@@ -87,7 +87,7 @@ func TestBadConfigs(t *testing.T) {
 	}{
 		{"unknown key with its path and line", []string{"    client_id: plant-bridge\n", "    client_id: plant-bridge\n    clientid: x\n"},
 			[]string{`bad.yaml:14: sessions[0].clientid: unknown key; sessions[0] accepts`}},
-		{"unknown top-level key", []string{"bridge:\n", "brige: {}\nbridge:\n"}, []string{`brige: unknown key; the top level accepts bridge, receivers, routes, senders, sessions, stores`}},
+		{"unknown top-level key", []string{"bridge:\n", "brige: {}\nbridge:\n"}, []string{`brige: unknown key; the top level accepts bridge, opamp, receivers, routes, senders, sessions, stores`}},
 		{"bad duration", []string{"lease_ttl: 10s", "lease_ttl: ten"}, []string{`routes[0].lease_ttl: "ten": must be a Go duration`}},
 		{"ttl below minimum", []string{"lease_ttl: 10s", "lease_ttl: 3s"}, []string{`routes[0].lease_ttl: 3s: must be at least 5s for an exclusive session`}},
 		{"slo not admitted", []string{"failover_slo: 120s", "failover_slo: 30s"},

@@ -117,6 +117,7 @@ func Check(name string, data []byte) (*Config, Problems) {
 		return nil, v.problems
 	}
 	cfg := v.validate(&f)
+	cfg.OpAMP = v.opamp(f.OpAMP)
 	return cfg, v.problems
 }
 

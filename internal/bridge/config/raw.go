@@ -17,6 +17,7 @@ type File struct {
 	Receivers []Receiver `yaml:"receivers"`
 	Senders   []Sender   `yaml:"senders"`
 	Routes    []Route    `yaml:"routes"`
+	OpAMP     *OpAMP     `yaml:"opamp"` // see opamp.go
 }
 
 // Bridge is the process-wide block.

@@ -48,8 +48,23 @@ type Bridge struct {
 	senders    map[string]sender.Sender
 	dl         *routing.DeadLetter
 	store      lease.Store
-	runners    []*runner
 	onEvent    func(session string, e lease.Event)
+	clock      lease.Clock
+
+	// mu guards cfg, senders and runners, which a reload replaces, and the
+	// run state below.
+	mu      sync.Mutex
+	runners []*runner
+	// Set by Run: the context every runner derives from, the hard stop
+	// shutdown_timeout after it ends, and the runners' owner.
+	runCtx    context.Context
+	hard      context.Context
+	cancelRun context.CancelFunc
+	stopped   bool // Run is returning: no runner may start
+	wg        sync.WaitGroup
+	firstErr  error
+	// reloadMu serializes reloads.
+	reloadMu sync.Mutex
 }
 
 // Options are what the process adds to the configuration.
@@ -75,7 +90,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Bridge, error)
 		log = slog.Default()
 	}
 	b := &Bridge{cfg: cfg, log: log, reg: opts.Registerer, met: metrics.New(opts.Registerer), instanceID: cfg.Bridge.InstanceID,
-		onEvent: opts.OnLeaseEvent}
+		onEvent: opts.OnLeaseEvent, clock: opts.Clock}
 	if b.instanceID == "" {
 		b.instanceID = defaultInstanceID()
 	}
@@ -95,7 +110,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Bridge, error)
 	b.senders = senders
 	b.dl = routing.OpenDeadLetter(cfg.Bridge.DeadLetterPath)
 	for i := range cfg.Sessions {
-		r, err := b.newRunner(&cfg.Sessions[i], opts.Clock)
+		r, err := b.newRunner(cfg, &cfg.Sessions[i])
 		if err != nil {
 			b.closeAll(ctx)
 			return nil, err
@@ -157,38 +172,82 @@ func (b *Bridge) Run(ctx context.Context) error {
 	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHard()
 	stopTimer := context.AfterFunc(runCtx, func() {
-		time.AfterFunc(b.cfg.Bridge.ShutdownTimeout, cancelHard)
+		time.AfterFunc(b.shutdownTimeout(), cancelHard)
 	})
 	defer stopTimer()
 
-	errs := make(chan error, len(b.runners))
-	var wg sync.WaitGroup
+	b.mu.Lock()
+	if b.runCtx != nil {
+		b.mu.Unlock()
+		return errors.New("bridge: Run called twice")
+	}
+	b.runCtx, b.hard, b.cancelRun = runCtx, hard, cancelRun
 	for _, r := range b.runners {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := r.run(runCtx, hard)
-			if err != nil {
-				cancelRun() // a terminal error stops the whole process
-			}
-			errs <- err
-		}()
+		b.startLocked(r)
 	}
-	wg.Wait()
-	close(errs)
-	var first error
-	for err := range errs {
-		if err != nil && (first == nil || errors.Is(err, lease.ErrDependencyStepDown)) {
-			first = err
+	b.mu.Unlock()
+	<-runCtx.Done()
+	// A reload waits for its runners; after it, none starts.
+	b.reloadMu.Lock()
+	b.mu.Lock()
+	b.stopped = true
+	b.mu.Unlock()
+	b.reloadMu.Unlock()
+	b.wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.firstErr
+}
+
+func (b *Bridge) shutdownTimeout() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg.Bridge.ShutdownTimeout
+}
+
+// startLocked starts r under the run context; b.mu is held. Its own stop
+// (a reload) is graceful like the process's: intake stops, in-flight
+// messages drain, the lease is released, all within shutdown_timeout.
+func (b *Bridge) startLocked(r *runner) {
+	ctx, cancel := context.WithCancel(b.runCtx)
+	hard, cancelHard := context.WithCancel(b.hard)
+	timeout := b.cfg.Bridge.ShutdownTimeout
+	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(timeout, cancelHard) })
+	r.cancel, r.done = cancel, make(chan struct{})
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer close(r.done)
+		defer cancelHard()
+		defer stopTimer()
+		err := r.run(ctx, hard)
+		if err == nil {
+			return
 		}
+		b.mu.Lock()
+		if b.firstErr == nil || errors.Is(err, lease.ErrDependencyStepDown) {
+			b.firstErr = err
+		}
+		b.mu.Unlock()
+		b.cancelRun() // a terminal error stops the whole process
+	}()
+}
+
+// stop stops a started runner and waits for it.
+func (r *runner) stop() {
+	if r.cancel != nil {
+		r.cancel()
+		<-r.done
 	}
-	return first
 }
 
 // Ready reports whether every session this instance must serve is at
 // ServiceLevelFull; a standby of an exclusive session is ready as standby.
 func (b *Bridge) Ready() bool {
-	for _, r := range b.runners {
+	b.mu.Lock()
+	runners := b.runners
+	b.mu.Unlock()
+	for _, r := range runners {
 		if !r.ready() {
 			return false
 		}
@@ -233,8 +292,11 @@ type SessionStatus struct {
 
 // Status reports the instance and every session.
 func (b *Bridge) Status() Status {
-	s := Status{BridgeID: b.cfg.Bridge.ID, InstanceID: b.instanceID, DeploymentMode: string(b.cfg.Bridge.DeploymentMode), Ready: b.Ready()}
-	for _, r := range b.runners {
+	b.mu.Lock()
+	cfg, runners := b.cfg, b.runners
+	b.mu.Unlock()
+	s := Status{BridgeID: cfg.Bridge.ID, InstanceID: b.instanceID, DeploymentMode: string(cfg.Bridge.DeploymentMode), Ready: b.Ready()}
+	for _, r := range runners {
 		s.Sessions = append(s.Sessions, r.status())
 	}
 	return s
@@ -244,12 +306,19 @@ func (b *Bridge) Status() Status {
 type runner struct {
 	b       *Bridge
 	sess    *config.SessionSettings
-	routes  []config.RouteSettings
 	policy  *disclose.BridgeReport
 	log     *slog.Logger
 	manager *lease.Manager
+	// Set when started: stop the runner, and its end.
+	cancel context.CancelFunc
+	done   chan struct{}
 
-	mu             sync.Mutex
+	mu sync.Mutex
+	// cfg is the configuration the session's routes come from, and routes
+	// those routes; a reload that keeps the session replaces both.
+	cfg            *config.Config
+	routes         []config.RouteSettings
+	gen            int     // counts the reloads that replaced cfg
 	cur            *tenure // the tenure being served; nil between tenures
 	role           string
 	level          mqtt.Level
@@ -269,23 +338,21 @@ type tenure struct {
 	own           *lease.Ownership // nil for a non-exclusive session
 	start         time.Time
 	session       *mqtt.Session
-	routes        []*routing.Route
+	disp          *liveDispatcher
+	stamp         fence.Stamp
+	guard         fence.Tenure
 	servedFull    bool
 	pathLostSince time.Time
 	quiet         bool
 }
 
-func (b *Bridge) newRunner(s *config.SessionSettings, clock lease.Clock) (*runner, error) {
-	r := &runner{b: b, sess: s, log: b.log.With("session", s.ID), role: "active", levelSince: time.Now()}
-	for _, rt := range b.cfg.Routes {
-		if rt.Session == s.ID {
-			r.routes = append(r.routes, rt)
-		}
-	}
+func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runner, error) {
+	r := &runner{b: b, sess: s, log: b.log.With("session", s.ID), role: "active", levelSince: time.Now(),
+		cfg: cfg, routes: sessionRoutes(cfg, s.ID)}
 	if s.Mode != config.Exclusive {
 		return r, nil
 	}
-	c := b.cfg.ExclusiveSession(s.ID)
+	c := cfg.ExclusiveSession(s.ID)
 	if c == nil {
 		// An exclusive session no route uses still needs the lease, or two
 		// instances would consume it at once; it runs at the baseline.
@@ -298,9 +365,9 @@ func (b *Bridge) newRunner(s *config.SessionSettings, clock lease.Clock) (*runne
 	after, _ := c.Assessment.Policy.BrokerHealthStepDown.After()
 	m, err := lease.New(lease.Config{
 		Store:              b.store,
-		Session:            b.cfg.Bridge.ID + "/" + s.ID,
+		Session:            cfg.Bridge.ID + "/" + s.ID,
 		InstanceID:         b.instanceID,
-		Endpoint:           b.cfg.Bridge.HTTPListen,
+		Endpoint:           cfg.Bridge.HTTPListen,
 		Cadence:            c.Assessment.Cadence,
 		DependencyStepDown: after,
 		OnOwner:            r.own,
@@ -310,7 +377,7 @@ func (b *Bridge) newRunner(s *config.SessionSettings, clock lease.Clock) (*runne
 		},
 		Logger:     r.log,
 		Registerer: b.reg,
-		Clock:      clock,
+		Clock:      b.clock,
 	})
 	if err != nil {
 		return nil, err
@@ -408,35 +475,23 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 	if t.own != nil {
 		stamp, guard = fence.New(uint64(t.own.Token().Version), r.manager.Session()), t.own
 	}
-	var routes []*routing.Route
-	for _, rt := range r.routes {
-		recv := r.b.cfg.Receiver(rt.Receiver)
-		var filters []string
-		for _, t := range recv.Topics {
-			filters = append(filters, t.Filter)
-		}
-		var targets []routing.Target
-		for _, id := range rt.Senders {
-			st := r.b.cfg.Sender(id)
-			targets = append(targets, routing.Target{ID: id, Sender: r.b.senders[id], MaxAttempts: st.MaxAttempts,
-				InitialBackoff: st.InitialBackoff, MaxBackoff: st.MaxBackoff})
-		}
-		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
-			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, DeadLetter: r.b.dl,
-			Metrics: r.b.met, Logger: r.log, Fence: stamp, Tenure: guard}))
+	t.stamp, t.guard = stamp, guard
+	r.mu.Lock()
+	cfg, routeSettings, gen := r.cfg, r.routes, r.gen
+	r.mu.Unlock()
+	disp := &liveDispatcher{}
+	disp.cur.Store(&routing.Dispatcher{Session: r.sess.ID, Routes: r.buildRoutes(cfg, routeSettings, stamp, guard), Metrics: r.b.met})
+	r.mu.Lock()
+	t.disp = disp
+	stale := r.gen != gen
+	r.mu.Unlock()
+	if stale {
+		// A reload replaced the routes while these were built.
+		r.refresh(context.WithoutCancel(ctx), t)
 	}
 	var subs []mqtt.Subscription
-	seen := map[string]bool{}
-	for _, recv := range r.b.cfg.Receivers {
-		if recv.Session != r.sess.ID {
-			continue
-		}
-		for _, t := range recv.Topics {
-			if !seen[t.Filter] {
-				seen[t.Filter] = true
-				subs = append(subs, mqtt.Subscription{Filter: t.Filter, QoS: t.QoS})
-			}
-		}
+	for _, t := range config.Subscriptions(cfg, r.sess.ID) {
+		subs = append(subs, mqtt.Subscription{Filter: t.Filter, QoS: t.QoS})
 	}
 	clientID := r.sess.ClientID
 	if r.sess.ClientIDInstance {
@@ -445,22 +500,27 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 	tc, err := mqttconn.TLSConfig(tlsFiles(r.sess.TLS))
 	if err != nil {
 		r.log.Error("TLS configuration", "err", err)
+		for _, rt := range disp.retire() {
+			rt.Close()
+		}
 		return
 	}
-	d := &routing.Dispatcher{Session: r.sess.ID, Routes: routes, Metrics: r.b.met}
 	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
-		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: d.Handle,
+		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: disp.Handle,
 		OnLevel: func(l mqtt.Level) { r.onLevel(t, l) }, Logger: r.log, Tenure: guard,
-		StateFile: filepath.Join(r.b.cfg.Bridge.StateDir, r.b.cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
+		StateFile: filepath.Join(cfg.Bridge.StateDir, cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
 	if err != nil {
 		r.log.Error("transport", "err", err)
+		for _, rt := range disp.retire() {
+			rt.Close()
+		}
 		return
 	}
 	r.mu.Lock()
-	t.session, t.routes = s, routes
+	t.session = s
 	r.mu.Unlock()
 
 	sctx, cancel := context.WithCancel(ctx)
@@ -476,7 +536,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		r.setQuiet(t)
 		// Graceful: stop intake, drain what is in flight.
 		s.Drain()
-		for _, rt := range routes {
+		for _, rt := range disp.routes() {
 			if err := rt.WaitIdle(ctx); err != nil {
 				r.log.Warn("in-flight messages left unacknowledged for the next owner", "route", rt.ID(), "in_flight", rt.InFlight())
 			}
@@ -488,13 +548,13 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 	}
 	// Withdraw what the routes still hold: a sender that has not started
 	// a message of this tenure will not, and it stays unacknowledged.
-	for _, rt := range routes {
+	for _, rt := range disp.retire() {
 		rt.Close()
 	}
 	cancel()
 	<-done
 	r.mu.Lock()
-	t.session, t.routes = nil, nil
+	t.session, t.disp = nil, nil
 	r.mu.Unlock()
 }
 
@@ -580,8 +640,8 @@ func (r *runner) status() SessionStatus {
 	for _, rt := range r.routes {
 		st.Routes = append(st.Routes, rt.ID)
 	}
-	if t := r.cur; t != nil {
-		for _, rt := range t.routes {
+	if t := r.cur; t != nil && t.disp != nil {
+		for _, rt := range t.disp.routes() {
 			st.InFlight += rt.InFlight()
 		}
 		if !t.pathLostSince.IsZero() {

@@ -344,7 +344,7 @@ func ParseFilter(q map[string][]string) (store.Filter, error) {
 		return f, err
 	}
 	f.Selector = sel
-	return f, nil
+	return withKind(q, f)
 }
 
 func (a *API) listAgents(w http.ResponseWriter, r *http.Request) {
@@ -427,6 +427,18 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	uid := r.PathValue("uid")
+	if err := a.checkAgentConfig(r.Context(), uid, req.Config); err != nil {
+		var inv *InvalidConfigError
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			writeErr(w, http.StatusNotFound, "no agent "+uid)
+		case errors.As(err, &inv):
+			writeErr(w, http.StatusUnprocessableEntity, "config: "+err.Error())
+		default:
+			writeErr(w, http.StatusInternalServerError, err.Error())
+		}
+		return
+	}
 	hash, err := a.o.Store.SetDesiredConfig(r.Context(), uid, req.Config)
 	if errors.Is(err, store.ErrNotFound) {
 		writeErr(w, http.StatusNotFound, "no agent "+uid)

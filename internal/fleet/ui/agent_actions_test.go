@@ -60,6 +60,19 @@ func TestAgentPageHealthCapabilitiesAndActions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plain.Stop(ctx)
+	// A bridge reports one health component per session (see
+	// internal/bridge/opamp).
+	bridge, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + d.OpAMPAddr().String() + "/v1/opamp", Secret: secret,
+		Attrs: map[string]string{"service.name": "myriarch-bridge"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bridge.Stop(ctx)
+	if err := bridge.Client.SetHealth(&protobufs.ComponentHealth{Healthy: true, Status: "ready",
+		ComponentHealthMap: map[string]*protobufs.ComponentHealth{"session/plant": {Healthy: true,
+			Status: "mode=exclusive role=owner service_level=full lease_version=7 lease_owner=a#1f in_flight=0 last_takeover_to_full_s=0.012 owner_death_budget_s=27.389"}}}); err != nil {
+		t.Fatal(err)
+	}
 	const boom = "pipeline traces: exporter otlp: connection refused"
 	if err := ag.Client.SetHealth(&protobufs.ComponentHealth{Healthy: false, LastError: boom, Status: "StatusRecoverableError",
 		ComponentHealthMap: map[string]*protobufs.ComponentHealth{"pipeline:traces": {Healthy: false, Status: "StatusRecoverableError",
@@ -69,7 +82,9 @@ func TestAgentPageHealthCapabilitiesAndActions(t *testing.T) {
 	if !fleettest.Eventually(30*time.Second, func() bool {
 		a, err := d.Store.GetAgent(ctx, ag.UIDString())
 		p, err2 := d.Store.GetAgent(ctx, plain.UIDString())
-		return err == nil && err2 == nil && strings.Contains(string(a.Health), boom) && p.Capabilities != 0
+		b, err3 := d.Store.GetAgent(ctx, bridge.UIDString())
+		return err == nil && err2 == nil && err3 == nil && strings.Contains(string(a.Health), boom) && p.Capabilities != 0 &&
+			strings.Contains(string(b.Health), "lease_version=7")
 	}) {
 		t.Fatal("agents not registered")
 	}
@@ -139,6 +154,15 @@ func TestAgentPageHealthCapabilitiesAndActions(t *testing.T) {
 		chromedp.SendKeys(q("#token"), tok), chromedp.Click(q("#login-submit")), chromedp.WaitVisible(q("#count-total")))
 	do(chromedp.Navigate(base+"/ui/agents"), chromedp.WaitVisible(q("#agents tr.agent")))
 	check("agent list health", text("#agents"), boom)
+	do(chromedp.Navigate(base+"/ui/agents?kind=bridge"), chromedp.WaitVisible(q("#agents tr.agent")))
+	if list := text("#agents"); !strings.Contains(list, bridge.UIDString()) || strings.Contains(list, ag.UIDString()) {
+		t.Errorf("kind=bridge lists %q", list)
+	}
+	do(chromedp.Navigate(base+"/ui/agents/"+bridge.UIDString()), chromedp.WaitVisible(q("#bridge-sessions")))
+	sessions := text("#bridge-sessions")
+	for _, want := range []string{"plant", "exclusive", "owner", "full", "7", "a#1f", "0.012 s", "27.389 s"} {
+		check("bridge sessions", sessions, want)
+	}
 	do(chromedp.Navigate(base+"/ui/agents/"+ag.UIDString()), chromedp.WaitVisible(q("#agent-health-error")))
 	check("health error", text("#agent-health-error"), boom)
 	comps := text("#components")
