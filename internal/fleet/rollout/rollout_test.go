@@ -170,7 +170,9 @@ func (e *env) waitState(id int64, states ...string) rollout.Detail {
 	if !fleettest.Eventually(time.Minute, func() bool {
 		var err error
 		d, err = e.d.API.Rollouts().Detail(e.ctx, id, 1000)
-		return err == nil && slices.Contains(states, d.State)
+		// A state read while an operator command waits for the engine is
+		// about to change (a paused rollout with a resume pending).
+		return err == nil && slices.Contains(states, d.State) && d.Requested == ""
 	}) {
 		e.t.Fatalf("rollout %d is %s (%s), want %v: %+v", id, d.State, d.Reason, states, d.Counts)
 	}
