@@ -234,10 +234,12 @@ func (s *Sender) session() error {
 			n := min(room, len(s.queue))
 			batch := make([]item, 0, n)
 			var withdrawn []item
+			var check sender.TenureCheck
 			for _, it := range s.queue[:n] {
 				// A withdrawn message waits for an earlier one of its
-				// topic that failed; it is not written.
-				if it.m.Withdrawn() {
+				// topic that failed, or its tenure ended; it is not
+				// written.
+				if check.Withdrawn(it.m) {
 					withdrawn = append(withdrawn, it)
 					continue
 				}
