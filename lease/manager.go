@@ -345,10 +345,11 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, time.Time, boo
 		released = n.NotifyRelease(nctx, m.cfg.Session)
 	}
 	var lastHolder string
-	// The previous owner's write that the last poll read, and when the
-	// poll before it started.
+	// The previous owner's write that the last reading poll saw, and when
+	// that poll started. Only polls that read the row count: a failed one
+	// says nothing about when the row changed.
 	var lastWrite ownerWrite
-	var prevStart, aliveAt time.Time
+	var lastRead, aliveAt time.Time
 	for {
 		if ctx.Err() != nil {
 			return Token{}, time.Time{}, time.Time{}, false
@@ -379,11 +380,13 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, time.Time, boo
 				}
 				w := ownerWrite{owner: he.Record.Owner, version: he.Record.Version, renewedAt: he.Record.RenewedAt}
 				if w != lastWrite {
-					// A new renewal (or a new owner) since the last poll:
-					// the owner was alive after that poll started.
-					aliveAt = prevStart
+					// A new renewal (or a new owner) since the last
+					// reading poll: the owner was alive after that poll
+					// started.
+					aliveAt = lastRead
 					lastWrite = w
 				}
+				lastRead = start
 			}
 		default:
 			m.met.acquireSeconds.WithLabelValues("error").Observe(lat)
@@ -392,7 +395,6 @@ func (m *Manager) standBy(ctx context.Context) (Token, time.Time, time.Time, boo
 				m.log.Warn("acquire failed", "err", err)
 			}
 		}
-		prevStart = start
 		t := time.NewTimer(m.pollDelay())
 		select {
 		case <-ctx.Done():
