@@ -61,10 +61,11 @@ type RouteConfig struct {
 	// Fence is stamped on every message the route hands to a sender
 	// (zero for a non-exclusive session).
 	Fence fence.Stamp
-	// Tenure, if set, is the lease tenure the route works for. It is
-	// checked at every point of action: the route takes no message and
-	// hands none to a sender once the tenure is invalid, and the senders
-	// check it again just before they deliver (sender.Message.Tenure).
+	// Tenure, if set, is the lease tenure the route works for. A message
+	// that had to wait for a slot is not taken once the tenure is invalid
+	// (the transport checks at intake), a lane of an ended tenure sends
+	// nothing more, and the senders check the tenure just before they
+	// deliver (sender.Message.Tenure).
 	Tenure fence.Tenure
 }
 
@@ -199,8 +200,9 @@ func (r *Route) Rewrite(topic string) string {
 // ErrClosed is returned by Deliver on a closed route.
 var ErrClosed = errors.New("route closed")
 
-// ErrTenureEnded is returned by Deliver once the route's tenure is no
-// longer valid: the message stays unacknowledged for the next owner.
+// ErrTenureEnded is returned by Deliver when the route's tenure ended
+// while the message waited for a slot: it stays unacknowledged for the
+// next owner.
 var ErrTenureEnded = errors.New("route: the lease tenure ended")
 
 // valid reports whether the route's tenure may still act.
@@ -212,9 +214,8 @@ func (r *Route) valid() bool { return r.cfg.Tenure == nil || r.cfg.Tenure.Valid(
 // route closes before a slot frees. Deliver is called from one goroutine:
 // each sender receives a topic's messages in the order of these calls.
 func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
-	if !r.valid() {
-		return ErrTenureEnded
-	}
+	// The transport checked the tenure just before it called the handler
+	// (intake); the route checks again only after it had to wait.
 	select {
 	case r.slots <- struct{}{}:
 	default:
@@ -472,6 +473,15 @@ func (r *Route) Close() {
 		return
 	}
 	r.closed.Store(true)
+	close(r.quit)
+	for t := range r.timers {
+		if t.Stop() {
+			r.wg.Done()
+		}
+		delete(r.timers, t)
+	}
+	r.mu.Unlock()
+	// Outside r.mu: advance holds t.mu when it takes r.mu (later).
 	for _, t := range r.targets {
 		t.mu.Lock()
 		for _, l := range t.lanes {
@@ -481,14 +491,6 @@ func (r *Route) Close() {
 		}
 		t.mu.Unlock()
 	}
-	close(r.quit)
-	for t := range r.timers {
-		if t.Stop() {
-			r.wg.Done()
-		}
-		delete(r.timers, t)
-	}
-	r.mu.Unlock()
 	r.wg.Wait()
 }
 

@@ -53,6 +53,32 @@ func (m *Message) Withdrawn() bool {
 	return m.withdrawn.Load() || (m.Tenure != nil && !m.Tenure.Valid())
 }
 
+// TenureCheck is Message.Withdrawn for a batch a sender is about to start:
+// it asks each tenure whether it is still valid once, not once per message
+// (a tenure check reads CLOCK_BOOTTIME, a system call). Use a fresh one
+// per batch, right before the batch's write, so that the check stays at
+// the point of action. Tenure values must be comparable (lease.Ownership
+// is a pointer).
+type TenureCheck struct {
+	tenure fence.Tenure
+	ok     bool
+}
+
+// Withdrawn reports whether m was withdrawn or its tenure is no longer
+// valid.
+func (c *TenureCheck) Withdrawn(m *Message) bool {
+	if m.withdrawn.Load() {
+		return true
+	}
+	if m.Tenure == nil {
+		return false
+	}
+	if c.tenure == nil || m.Tenure != c.tenure {
+		c.tenure, c.ok = m.Tenure, m.Tenure.Valid()
+	}
+	return !c.ok
+}
+
 // Sender delivers messages to one destination.
 //
 // Send hands m to the destination and calls done exactly once: with nil
@@ -173,9 +199,10 @@ func (b *Batch) run() {
 			}
 			// Withdrawn messages fail without an attempt; the rest keep
 			// their order.
+			var check TenureCheck
 			kept := batch[:0]
 			for _, it := range batch {
-				if it.m.Withdrawn() {
+				if check.Withdrawn(it.m) {
 					it.done(ErrWithdrawn)
 					continue
 				}

@@ -104,8 +104,9 @@ func (s *Sender) run() {
 		s.queue = nil
 		closed := s.closed
 		s.mu.Unlock()
+		var check sender.TenureCheck
 		for _, it := range q {
-			if it.m.Withdrawn() {
+			if check.Withdrawn(it.m) {
 				it.done(sender.ErrWithdrawn)
 				continue
 			}

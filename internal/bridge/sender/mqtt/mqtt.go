@@ -188,6 +188,7 @@ func (s *Sender) session() error {
 	defer conn.Close() // wakes the reader
 
 	var nextID uint16
+	var stamps stampCache
 	var seq uint64
 	keepAlive := s.cfg.KeepAlive
 	tick := time.NewTicker(max(100*time.Millisecond, min(time.Second, s.cfg.Timeout/4)))
@@ -233,10 +234,12 @@ func (s *Sender) session() error {
 			n := min(room, len(s.queue))
 			batch := make([]item, 0, n)
 			var withdrawn []item
+			var check sender.TenureCheck
 			for _, it := range s.queue[:n] {
 				// A withdrawn message waits for an earlier one of its
-				// topic that failed; it is not written.
-				if it.m.Withdrawn() {
+				// topic that failed, or its tenure ended; it is not
+				// written.
+				if check.Withdrawn(it.m) {
 					withdrawn = append(withdrawn, it)
 					continue
 				}
@@ -274,7 +277,7 @@ func (s *Sender) session() error {
 			}
 			for i, it := range batch {
 				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
-					Properties: stampProperties(it.m.Fence)}
+					Properties: stamps.properties(it.m.Fence)}
 				if _, err := p.WriteTo(conn); err != nil {
 					// Unwritten QoS 0 messages and the rest of the batch fail
 					// now; written QoS 1 ones fail with the connection.
@@ -294,13 +297,25 @@ func (s *Sender) session() error {
 	}
 }
 
-// stampProperties carries an exclusive session's fencing stamp as MQTT 5
-// user properties (package fence); nil for a non-exclusive session.
-func stampProperties(f fence.Stamp) *packets.Properties {
+// stampCache builds the MQTT 5 user properties that carry an exclusive
+// session's fencing stamp (package fence), once per stamp: a tenure's
+// messages share one, and encoding only reads it.
+type stampCache struct {
+	stamp fence.Stamp
+	props *packets.Properties
+}
+
+// properties returns the properties for f; nil for a non-exclusive
+// session's message.
+func (c *stampCache) properties(f fence.Stamp) *packets.Properties {
 	if f.IsZero() {
 		return nil
 	}
-	return &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+	if c.props == nil || f != c.stamp {
+		c.stamp = f
+		c.props = &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+	}
+	return c.props
 }
 
 func (s *Sender) oldestPending() time.Time {

@@ -51,8 +51,9 @@ func Dial(cfg Config) (*Sender, error) {
 		// later messages published in this batch: the route retries (or
 		// dead-letters) that one first.
 		var failed map[string]bool
+		var check sender.TenureCheck // one publish-and-flush: one point of action
 		for i, m := range ms {
-			if failed[m.Topic] || m.Withdrawn() {
+			if failed[m.Topic] || check.Withdrawn(m) {
 				errs[i] = sender.ErrWithdrawn
 				continue
 			}

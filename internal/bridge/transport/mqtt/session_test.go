@@ -2,6 +2,7 @@ package mqtt_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -198,5 +199,61 @@ func TestReconcileUnsubscribesRemovedFilters(t *testing.T) {
 	data, _ := os.ReadFile(state)
 	if string(data) != `{"client_id":"rc","filters":["a/#"]}` {
 		t.Fatalf("state %s", data)
+	}
+}
+
+type switchTenure struct{ ok atomic.Bool }
+
+func (t *switchTenure) Valid() bool { return t.ok.Load() }
+
+// A session whose tenure ended does not reconnect after losing its
+// connection: Run returns ErrTenureEnded instead, so a deposed owner never
+// takes the client_id back from its successor.
+func TestEndedTenureDoesNotReconnect(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepts atomic.Int32
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer l.Close() // before the Wait: it ends the accept loop
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepts.Add(1)
+			c.Close() // the "broker" drops every connection at once
+		}
+	}()
+	ten := &switchTenure{}
+	ten.ok.Store(true)
+	s, err := mqtt.New(mqtt.Config{Brokers: []string{"tcp://" + l.Addr().String()}, ClientID: "c", ConnectTimeout: time.Second,
+		ReconcileTimeout: time.Second, UnmatchedGrace: time.Second, Handler: func(*mqtt.Message, func()) {}, Tenure: ten})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, "a connection attempt", func() bool { return accepts.Load() > 0 })
+	ten.ok.Store(false)
+	select {
+	case err := <-done:
+		if !errors.Is(err, mqtt.ErrTenureEnded) {
+			t.Fatalf("Run = %v, want ErrTenureEnded", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run kept reconnecting after its tenure ended")
+	}
+	n := accepts.Load()
+	time.Sleep(500 * time.Millisecond) // longer than the reconnect backoffs so far
+	if accepts.Load() != n {
+		t.Fatal("connection attempts after Run returned")
 	}
 }
