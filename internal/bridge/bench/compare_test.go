@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,6 +61,16 @@ func bridgeChild(spec string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if prof := os.Getenv("MYRIARCH_BENCH_CPUPROFILE"); prof != "" {
+		// Profiling the bridge: MYRIARCH_BENCH_CPUPROFILE=file make bench
+		// writes one profile per bridge process (file.<pid>).
+		if pf, err := os.Create(fmt.Sprintf("%s.%d", prof, os.Getpid())); err == nil {
+			if pprof.StartCPUProfile(pf) == nil {
+				defer pf.Close()
+				defer pprof.StopCPUProfile()
+			}
+		}
 	}
 	fmt.Println("ready")
 	_, _ = io.Copy(io.Discard, os.Stdin)

@@ -272,6 +272,9 @@ func (s *Sender) session() error {
 			for _, it := range withdrawn {
 				it.done(sender.ErrWithdrawn)
 			}
+			// The batch leaves in one write from this goroutine (no
+			// hand-off to the connection's flusher).
+			conn.Cork()
 			for i, it := range batch {
 				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
 					Properties: stampProperties(it.m.Fence)}
@@ -288,6 +291,9 @@ func (s *Sender) session() error {
 				if s.cfg.QoS == 0 {
 					it.done(nil)
 				}
+			}
+			if err := conn.Flush(); err != nil {
+				return err
 			}
 			lastWrite = now
 		}
