@@ -165,6 +165,31 @@ func cpuTime(pid int) time.Duration {
 	return time.Duration(sum)
 }
 
+// procCounts are process pid's read and write system calls
+// (/proc/<pid>/io syscr + syscw) and its threads' context switches
+// (voluntary and not, /proc/<pid>/task/*/status): counts that the load of a
+// shared machine does not distort the way it distorts times.
+func procCounts(pid int) (syscalls, switches int64) {
+	raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	for _, l := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && (k == "syscr" || k == "syscw") {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			syscalls += n
+		}
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		raw, _ := os.ReadFile(t)
+		for _, l := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				switches += n
+			}
+		}
+	}
+	return syscalls, switches
+}
+
 // loadavg is the one-minute load average, reported next to the figures
 // because the machine is shared.
 func loadavg() float64 {
@@ -185,6 +210,9 @@ type row struct {
 	// paced rate (µs); destCPU is broker B's (µs), which for mosquitto's
 	// bridge includes the bridge.
 	bridgeCPU, destCPU float64
+	// syscalls and switches are the bridging process's read/write system
+	// calls and context switches per message at the paced rate.
+	syscalls, switches float64
 }
 
 // BenchmarkCompare measures, in one run, the four paths that the
@@ -203,24 +231,24 @@ func BenchmarkCompare(b *testing.B) {
 		var rows []row
 
 		a, apid := mosquitto(b, "")
-		r, _, destCPU := measureCPU(b, a, a, "in/#", 0, apid)
+		r, _, destCPU, _, _ := measureCPU(b, a, a, "in/#", 0, apid)
 		rows = append(rows, row{name: "direct (one broker, the ceiling)", r: r, destCPU: destCPU})
 
 		a, _ = mosquitto(b, "")
 		dst, dpid := mosquitto(b, mosquittoBridge(a))
-		r, _, destCPU = measureCPU(b, a, dst, "out/#", 0, dpid)
-		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU})
+		r, destCPU, _, sc, sw := measureCPU(b, a, dst, "out/#", dpid, dpid)
+		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU, syscalls: sc, switches: sw})
 
 		for _, excl := range []bool{false, true} {
 			a, _ = mosquitto(b, "")
 			dst, dpid = mosquitto(b, "")
 			pid := bridgeProcess(b, a, dst, fmt.Sprintf("cmp-%v", excl), excl)
-			r, bridgeCPU, destCPU := measureCPU(b, a, dst, "out/#", pid, dpid)
+			r, bridgeCPU, destCPU, sc, sw := measureCPU(b, a, dst, "out/#", pid, dpid)
 			name := "myriarch-bridge (ephemeral session, one mqtt sender)"
 			if excl {
 				name = "myriarch-bridge (exclusive session: tenure checks, fencing stamps)"
 			}
-			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU})
+			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw})
 		}
 		printTable(rows, load0, loadavg())
 		mosq := rows[1]
@@ -234,30 +262,35 @@ func BenchmarkCompare(b *testing.B) {
 		b.ReportMetric(rows[2].r.p99, "p99-ms@5k/s")
 		b.ReportMetric(rows[2].bridgeCPU, "bridge-cpu-us/msg")
 		b.ReportMetric(mosq.bridgeCPU, "mosquitto-bridge-cpu-us/msg")
+		b.ReportMetric(rows[2].syscalls, "bridge-syscalls/msg")
 	}
 }
 
 // measureCPU measures one path and the CPU per message of the bridging
 // process (pid, 0 for none) and of the destination broker (dpid) while
 // the paced phase runs.
-func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int) (r result, bridgeUS, destUS float64) {
+func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int) (r result, bridgeUS, destUS, syscalls, switches float64) {
 	var p0, d0 time.Duration
+	var sc0, sw0 int64
 	r = measureWith(b, pubURL, subURL, filter, func() {
 		p0, d0 = cpuTime(pid), cpuTime(dpid)
+		sc0, sw0 = procCounts(pid)
 	}, func() {
 		if pid != 0 {
 			bridgeUS = float64((cpuTime(pid) - p0).Microseconds()) / pacedN
+			sc, sw := procCounts(pid)
+			syscalls, switches = float64(sc-sc0)/pacedN, float64(sw-sw0)/pacedN
 		}
 		destUS = float64((cpuTime(dpid) - d0).Microseconds()) / pacedN
 	})
-	return r, bridgeUS, destUS
+	return r, bridgeUS, destUS, syscalls, switches
 }
 
 func printTable(rows []row, load0, load1 float64) {
 	fmt.Printf("\nQoS 1, %d-byte payloads, up to %d in flight, loopback, mosquitto brokers; load average %.1f → %.1f on %d-core machine\n\n",
 		payloadSize, window, load0, load1, numCPU())
-	fmt.Println("| path | max msg/s | vs mosquitto's bridge | p50 at 5k msg/s | p99 at 5k msg/s | bridge CPU per message at 5k msg/s | broker B CPU per message | out of order |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| path | max msg/s | vs mosquitto's bridge | p50 at 5k msg/s | p99 at 5k msg/s | bridge CPU per message at 5k msg/s | broker B CPU per message | bridge read+write syscalls per message | bridge context switches per message | out of order |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	mosq := rows[1]
 	for i, rw := range rows {
 		ratio, cpu := "–", "–"
@@ -267,8 +300,12 @@ func printTable(rows []row, load0, load1 float64) {
 		if rw.bridgeCPU > 0 {
 			cpu = fmt.Sprintf("%.1f µs (%.0f %% of a core)", rw.bridgeCPU, rw.bridgeCPU*pacedRate/1e4)
 		}
-		fmt.Printf("| %s | %.0f | %s | %.2f ms | %.2f ms | %s | %.1f µs | %d |\n", rw.name, rw.r.rate, ratio, rw.r.p50, rw.r.p99,
-			cpu, rw.destCPU, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
+		sc, sw := "–", "–"
+		if rw.syscalls > 0 {
+			sc, sw = fmt.Sprintf("%.2f", rw.syscalls), fmt.Sprintf("%.2f", rw.switches)
+		}
+		fmt.Printf("| %s | %.0f | %s | %.2f ms | %.2f ms | %s | %.1f µs | %s | %s | %d |\n", rw.name, rw.r.rate, ratio, rw.r.p50, rw.r.p99,
+			cpu, rw.destCPU, sc, sw, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
 	}
 	fmt.Println()
 }
