@@ -176,6 +176,8 @@ type RouteSettings struct {
 	MaxInFlight int
 	StripPrefix string
 	AddPrefix   string
+	// Retain is keep, clear or drop (see routing.RetainPolicy).
+	Retain string
 	// Policy is set when the session is exclusive.
 	Policy *failover.SessionPolicy
 	// PeakMessageRate is the declared peak rate in msg/s; 0 undeclared.

@@ -133,6 +133,8 @@ func TestBadConfigs(t *testing.T) {
 			[]string{`sessions[0].password_env: "MYRIARCH_NOPE_NOT_SET": names an environment variable that is not set`}},
 		{"duplicate ids", []string{"  - id: archive\n", "  - id: archive\n    type: file\n    file: {path: /tmp/x}\n  - id: archive\n"},
 			[]string{`senders[1].id: "archive": is already used by senders[0]`}},
+		{"bad retain policy", []string{"    senders: [archive]\n", "    senders: [archive]\n    retain: forget\n"},
+			[]string{`routes[0].retain: "forget": must be keep, clear or drop`}},
 		{"wrong type", []string{"max_in_flight", "max_in_flight"}, nil}, // placeholder replaced below
 		{"all errors at once", []string{"id: plant-bridge", "id: ''", "lease_ttl: 10s", "lease_ttl: -1s", "qos: 1}", "qos: 9}"},
 			[]string{`bridge.id: is required`, `routes[0].lease_ttl: "-1s": must not be negative`, `qos: 9: must be 0, 1 or 2`}},

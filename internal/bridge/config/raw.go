@@ -162,6 +162,9 @@ type Route struct {
 	Senders     []string `yaml:"senders"`
 	MaxInFlight int      `yaml:"max_in_flight"`
 	Rewrite     *Rewrite `yaml:"rewrite"`
+	// Retain is keep (default), clear or drop: what the route does with
+	// messages that carry the retain flag.
+	Retain string `yaml:"retain"`
 
 	LeaseTTL             string `yaml:"lease_ttl"`
 	RenewInterval        string `yaml:"renew_interval"`

@@ -560,6 +560,13 @@ func (v *validator) routes(f *File, cfg *Config) {
 		if rs.MaxInFlight < 1 || rs.MaxInFlight > 1<<20 {
 			v.add(p+".max_in_flight", r.MaxInFlight, "must be within [1, 1048576]")
 		}
+		switch rs.Retain = r.Retain; rs.Retain {
+		case "":
+			rs.Retain = "keep"
+		case "keep", "clear", "drop":
+		default:
+			v.add(p+".retain", r.Retain, "must be keep, clear or drop")
+		}
 		if r.Rewrite != nil {
 			rs.StripPrefix, rs.AddPrefix = r.Rewrite.StripPrefix, r.Rewrite.AddPrefix
 			if strings.ContainsAny(rs.AddPrefix, "+#") {

@@ -61,12 +61,31 @@ type RouteConfig struct {
 	// Fence is stamped on every message the route hands to a sender
 	// (zero for a non-exclusive session).
 	Fence fence.Stamp
+	// Retain is what the route does with a message that carries the
+	// retain flag (default RetainKeep).
+	Retain RetainPolicy
 	// Tenure, if set, is the lease tenure the route works for. It is
 	// checked at every point of action: the route takes no message and
 	// hands none to a sender once the tenure is invalid, and the senders
 	// check it again just before they deliver (sender.Message.Tenure).
 	Tenure fence.Tenure
 }
+
+// RetainPolicy is a route's handling of retained messages: those the
+// broker sends when the session subscribes and live ones published with
+// the retain flag (the receiver subscribes with Retain As Published).
+type RetainPolicy string
+
+// Retain policies.
+const (
+	// RetainKeep forwards the message with its retain flag.
+	RetainKeep RetainPolicy = "keep"
+	// RetainClear forwards the message without the retain flag, so that
+	// the destination broker stores nothing.
+	RetainClear RetainPolicy = "clear"
+	// RetainDrop does not forward the message; it is acknowledged.
+	RetainDrop RetainPolicy = "drop"
+)
 
 // Route delivers the messages of one receiver to its senders.
 //
@@ -215,6 +234,10 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	if !r.valid() {
 		return ErrTenureEnded
 	}
+	if m.Retain && r.cfg.Retain == RetainDrop {
+		settled()
+		return nil
+	}
 	select {
 	case r.slots <- struct{}{}:
 	default:
@@ -238,6 +261,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	r.mInFlight.Inc()
 	r.mIn.Inc()
 	topic := r.Rewrite(m.Topic)
+	retain := m.Retain && r.cfg.Retain != RetainClear
 	var pending atomic.Int32
 	pending.Store(int32(len(r.targets)))
 	finish := func() {
@@ -250,7 +274,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	}
 	for _, t := range r.targets {
 		d := &delivery{t: t, finish: finish, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
-			QoS: m.QoS, Retain: m.Retain, Received: m.Received, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
+			QoS: m.QoS, Retain: retain, Received: m.Received, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
 		t.mu.Lock()
 		l := t.lanes[topic]
 		if l == nil {

@@ -341,7 +341,14 @@ func (s *Session) subscribe(ctx context.Context, cli *paho.Client, subs []Subscr
 	defer cancel()
 	req := &paho.Subscribe{}
 	for _, sub := range subs {
-		req.Subscriptions = append(req.Subscriptions, paho.SubscribeOptions{Topic: sub.Filter, QoS: sub.QoS})
+		// Retain As Published keeps the publisher's retain flag on live
+		// messages (a broker otherwise clears it), so a route can carry
+		// it on. Retain Handling 1 sends the retained messages of a
+		// filter only when the subscription is new: a resumed exclusive
+		// session that subscribes again after a takeover does not get
+		// them a second time.
+		req.Subscriptions = append(req.Subscriptions, paho.SubscribeOptions{Topic: sub.Filter, QoS: sub.QoS,
+			RetainAsPublished: true, RetainHandling: 1})
 	}
 	for {
 		sa, err := cli.Subscribe(sctx, req)
