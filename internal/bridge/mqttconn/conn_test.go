@@ -10,7 +10,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// mochi keeps a process-wide helper after Close.
+		goleak.IgnoreTopFunction("github.com/mochi-mqtt/server/v2.(*Server).eventLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
 
 // Writes from the flusher (uncorked) and inline batches (Cork/Flush) from
 // several goroutines arrive whole and, per writer, in order.
