@@ -63,6 +63,9 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 	caps.ReceiveMaximum = 65535
 	caps.MaximumInflight = 65535
 	caps.MaximumClientWritesPending = 65536
+	// No expiry for messages published without one (mochi's default adds
+	// a day, which mosquitto does not): the bridge carries expiry through.
+	caps.MaximumMessageExpiryInterval = 0
 	s := mochi.New(&mochi.Options{Capabilities: caps, Logger: logger, InlineClient: true})
 	if opts.Users == nil {
 		if err := s.AddHook(new(auth.AllowHook), nil); err != nil {

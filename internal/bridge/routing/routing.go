@@ -262,6 +262,14 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	r.mIn.Inc()
 	topic := r.Rewrite(m.Topic)
 	retain := m.Retain && r.cfg.Retain != RetainClear
+	props := m.Properties
+	if props != nil && props.ResponseTopic != "" {
+		// The response topic names a topic on the source side: the
+		// destination's responders see it mapped like the topic.
+		c := *props
+		c.ResponseTopic = r.Rewrite(props.ResponseTopic)
+		props = &c
+	}
 	var pending atomic.Int32
 	pending.Store(int32(len(r.targets)))
 	finish := func() {
@@ -274,7 +282,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	}
 	for _, t := range r.targets {
 		d := &delivery{t: t, finish: finish, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
-			QoS: m.QoS, Retain: retain, Received: m.Received, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
+			QoS: m.QoS, Retain: retain, Received: m.Received, Properties: props, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
 		t.mu.Lock()
 		l := t.lanes[topic]
 		if l == nil {

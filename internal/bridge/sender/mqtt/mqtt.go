@@ -276,8 +276,19 @@ func (s *Sender) session() error {
 			// hand-off to the connection's flusher).
 			conn.Cork()
 			for i, it := range batch {
+				props, expired := publishProperties(it.m, now)
+				if expired {
+					// MQTT 5: a message whose expiry passed is not
+					// forwarded; it counts as delivered (nobody may
+					// receive it any more).
+					s.mu.Lock()
+					delete(s.pending, ids[i])
+					s.mu.Unlock()
+					it.done(nil)
+					continue
+				}
 				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
-					Properties: stampProperties(it.m.Fence)}
+					Properties: props}
 				if _, err := p.WriteTo(conn); err != nil {
 					// Unwritten QoS 0 messages and the rest of the batch fail
 					// now; written QoS 1 ones fail with the connection.
@@ -300,13 +311,43 @@ func (s *Sender) session() error {
 	}
 }
 
-// stampProperties carries an exclusive session's fencing stamp as MQTT 5
-// user properties (package fence); nil for a non-exclusive session.
-func stampProperties(f fence.Stamp) *packets.Properties {
-	if f.IsZero() {
-		return nil
+// publishProperties are the PUBLISH properties of m at now: its MQTT 5
+// properties carried through, the message expiry decremented by the time
+// since the bridge received m (expired reports that none is left), and an
+// exclusive session's fencing stamp as user properties (package fence),
+// which replaces a stamp the message arrived with. nil when there are
+// none (the common case costs no allocation).
+func publishProperties(m *sender.Message, now time.Time) (props *packets.Properties, expired bool) {
+	mp := m.Properties
+	if mp == nil && m.Fence.IsZero() {
+		return nil, false
 	}
-	return &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+	props = &packets.Properties{}
+	if mp != nil {
+		props.ContentType, props.PayloadFormat = mp.ContentType, mp.PayloadFormat
+		props.ResponseTopic, props.CorrelationData = mp.ResponseTopic, mp.CorrelationData
+		if mp.MessageExpiry != nil {
+			held := uint32(0)
+			if !m.Received.IsZero() && now.After(m.Received) {
+				held = uint32(now.Sub(m.Received) / time.Second)
+			}
+			if held >= *mp.MessageExpiry {
+				return nil, true
+			}
+			left := *mp.MessageExpiry - held
+			props.MessageExpiry = &left
+		}
+		for _, u := range mp.User {
+			if !m.Fence.IsZero() && (u.Key == fence.MQTTLeaseVersion || u.Key == fence.MQTTSessionID) {
+				continue
+			}
+			props.User = append(props.User, packets.User{Key: u.Key, Value: u.Value})
+		}
+	}
+	if !m.Fence.IsZero() {
+		props.User = append(props.User, packets.User{Key: fence.MQTTLeaseVersion, Value: m.Fence.Version()}, packets.User{Key: fence.MQTTSessionID, Value: m.Fence.SessionID})
+	}
+	return props, false
 }
 
 func (s *Sender) oldestPending() time.Time {
