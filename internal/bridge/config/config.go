@@ -176,6 +176,8 @@ type RouteSettings struct {
 	MaxInFlight int
 	StripPrefix string
 	AddPrefix   string
+	// Mappings replace StripPrefix/AddPrefix when set.
+	Mappings []Mapping
 	// Retain is keep, clear or drop (see routing.RetainPolicy).
 	Retain string
 	// Policy is set when the session is exclusive.

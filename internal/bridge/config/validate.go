@@ -560,6 +560,24 @@ func (v *validator) routes(f *File, cfg *Config) {
 		if rs.MaxInFlight < 1 || rs.MaxInFlight > 1<<20 {
 			v.add(p+".max_in_flight", r.MaxInFlight, "must be within [1, 1048576]")
 		}
+		if len(r.Mappings) > 0 && r.Rewrite != nil {
+			v.add(p+".mappings", nil, "and rewrite exclude each other: put the prefixes in the mappings")
+		}
+		for j, m := range r.Mappings {
+			mp := fmt.Sprintf("%s.mappings[%d]", p, j)
+			if m.Pattern == "" {
+				v.add(mp+".pattern", nil, "is required")
+			} else if why := validFilter(m.SourcePrefix + m.Pattern); why != "" {
+				v.add(mp+".pattern", m.Pattern, "with source_prefix %q: %s", m.SourcePrefix, why)
+			}
+			if strings.ContainsAny(m.SourcePrefix, "+#") {
+				v.add(mp+".source_prefix", m.SourcePrefix, "must not contain MQTT wildcards")
+			}
+			if strings.ContainsAny(m.DestinationPrefix, "+#") {
+				v.add(mp+".destination_prefix", m.DestinationPrefix, "must not contain MQTT wildcards")
+			}
+		}
+		rs.Mappings = r.Mappings
 		switch rs.Retain = r.Retain; rs.Retain {
 		case "":
 			rs.Retain = "keep"

@@ -55,9 +55,13 @@ type RouteConfig struct {
 	MaxInFlight int
 	StripPrefix string
 	AddPrefix   string
-	DeadLetter  *DeadLetter
-	Metrics     *metrics.Bridge
-	Logger      *slog.Logger
+	// Mappings, if set, replace StripPrefix/AddPrefix: the route takes
+	// only messages that match one of them, and the first that matches
+	// maps the topic.
+	Mappings   []Mapping
+	DeadLetter *DeadLetter
+	Metrics    *metrics.Bridge
+	Logger     *slog.Logger
 	// Fence is stamped on every message the route hands to a sender
 	// (zero for a non-exclusive session).
 	Fence fence.Stamp
@@ -69,6 +73,14 @@ type RouteConfig struct {
 	// hands none to a sender once the tenure is invalid, and the senders
 	// check it again just before they deliver (sender.Message.Tenure).
 	Tenure fence.Tenure
+}
+
+// Mapping is one topic mapping of a route, as in mosquitto's bridge
+// "topic <pattern> <direction> <qos> <local-prefix> <remote-prefix>": a
+// message on SourcePrefix+<topic matching Pattern> is delivered as
+// DestinationPrefix+<that topic>.
+type Mapping struct {
+	Pattern, SourcePrefix, DestinationPrefix string
 }
 
 // RetainPolicy is a route's handling of retained messages: those the
@@ -197,18 +209,39 @@ func (r *Route) ID() string { return r.cfg.ID }
 // InFlight is the number of messages the route holds.
 func (r *Route) InFlight() int64 { return r.inFlight.Load() }
 
-// Matches reports whether the route's receiver subscribed to topic.
+// Matches reports whether the route's receiver subscribed to topic and,
+// for a route with mappings, whether one of them maps it.
 func (r *Route) Matches(topic string) bool {
 	for _, f := range r.cfg.Filters {
 		if mqtt.Match(f, topic) {
-			return true
+			if len(r.cfg.Mappings) == 0 {
+				return true
+			}
+			_, ok := r.mapped(topic)
+			return ok
 		}
 	}
 	return false
 }
 
-// Rewrite applies the route's topic rewrite.
+// mapped applies the first mapping that matches topic.
+func (r *Route) mapped(topic string) (string, bool) {
+	for _, m := range r.cfg.Mappings {
+		if mqtt.Match(m.SourcePrefix+m.Pattern, topic) {
+			return m.DestinationPrefix + strings.TrimPrefix(topic, m.SourcePrefix), true
+		}
+	}
+	return topic, false
+}
+
+// Rewrite applies the route's topic rewrite: its first matching mapping
+// (a topic that none maps is returned as is), or its strip and add
+// prefixes.
 func (r *Route) Rewrite(topic string) string {
+	if len(r.cfg.Mappings) > 0 {
+		t, _ := r.mapped(topic)
+		return t
+	}
 	if r.cfg.StripPrefix != "" {
 		topic = strings.TrimPrefix(topic, r.cfg.StripPrefix)
 	}

@@ -422,7 +422,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 				InitialBackoff: st.InitialBackoff, MaxBackoff: st.MaxBackoff})
 		}
 		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
-			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, Retain: routing.RetainPolicy(rt.Retain), DeadLetter: r.b.dl,
+			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, Retain: routing.RetainPolicy(rt.Retain), Mappings: mappings(rt.Mappings), DeadLetter: r.b.dl,
 			Metrics: r.b.met, Logger: r.log, Fence: stamp, Tenure: guard}))
 	}
 	var subs []mqtt.Subscription
