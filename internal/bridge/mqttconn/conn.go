@@ -3,10 +3,7 @@
 // few system calls: reads go through a buffer, and writes are coalesced by
 // one flusher goroutine, so that a burst of PUBLISH or PUBACK packets
 // leaves in one write instead of one per packet (paho.golang writes every
-// packet, and every part of a packet, with its own call). A writer that
-// produces a batch itself (the MQTT sender) corks the connection around it
-// and flushes inline, which saves the hand-off to the flusher goroutine: one
-// wake-up less per batch, on the latency path of every forwarded message.
+// packet, and every part of a packet, with its own call).
 package mqttconn
 
 import (
@@ -97,10 +94,7 @@ type Conn struct {
 
 	packet sync.Mutex // held across the parts of one packet (sync.Locker)
 
-	wmu sync.Mutex // held by whoever writes to the socket: the flusher or Flush
-
 	mu      sync.Mutex
-	corked  bool
 	buf     []byte
 	spare   []byte
 	err     error
@@ -136,11 +130,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	c.buf = append(c.buf, p...)
-	corked := c.corked
 	c.mu.Unlock()
-	if corked {
-		return len(p), nil
-	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -156,67 +146,34 @@ func (c *Conn) flusher() {
 			return
 		case <-c.kick:
 		}
-		if c.drain() != nil {
-			return
-		}
-	}
-}
-
-// drain writes everything buffered, in order: the buffer is taken under
-// wmu, so bytes queued later never overtake bytes queued earlier. A failed
-// write closes the connection, which wakes the reader that reports the loss.
-func (c *Conn) drain() error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	for {
-		c.mu.Lock()
-		if c.err != nil {
-			err := c.err
-			c.mu.Unlock()
-			return err
-		}
-		b := c.buf
-		c.buf, c.spare = c.spare[:0], nil
-		c.mu.Unlock()
-		if len(b) == 0 {
+		for {
 			c.mu.Lock()
-			c.spare = b
+			b := c.buf
+			c.buf, c.spare = c.spare[:0], nil
 			c.mu.Unlock()
-			return nil
-		}
-		_, err := c.Conn.Write(b)
-		c.mu.Lock()
-		if len(b) <= 4*bufSize {
-			c.spare = b[:0]
-		} else {
-			c.spare = make([]byte, 0, bufSize)
-		}
-		if err != nil && c.err == nil {
-			c.err = err
-		}
-		c.mu.Unlock()
-		if err != nil {
-			_ = c.Conn.Close()
-			return err
+			if len(b) == 0 {
+				c.mu.Lock()
+				c.spare = b
+				c.mu.Unlock()
+				break
+			}
+			_, err := c.Conn.Write(b)
+			c.mu.Lock()
+			if len(b) <= 4*bufSize {
+				c.spare = b[:0]
+			} else {
+				c.spare = make([]byte, 0, bufSize)
+			}
+			if err != nil && c.err == nil {
+				c.err = err
+			}
+			c.mu.Unlock()
+			if err != nil {
+				_ = c.Conn.Close() // wakes the reader, which reports the loss
+				return
+			}
 		}
 	}
-}
-
-// Cork makes writes only buffer until Flush, for a writer that produces a
-// batch of packets itself.
-func (c *Conn) Cork() {
-	c.mu.Lock()
-	c.corked = true
-	c.mu.Unlock()
-}
-
-// Flush uncorks the connection and writes what is buffered on the calling
-// goroutine (the batch in one write); it returns the connection's error.
-func (c *Conn) Flush() error {
-	c.mu.Lock()
-	c.corked = false
-	c.mu.Unlock()
-	return c.drain()
 }
 
 // Close writes what is queued (a final DISCONNECT, say) for at most a
@@ -232,8 +189,6 @@ func (c *Conn) Close() error {
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
 	close(c.stop)
 	<-c.flushed
-	c.wmu.Lock() // a Flush in progress finishes first
-	defer c.wmu.Unlock()
 	c.mu.Lock()
 	rest := c.buf
 	failed := c.err != nil

@@ -272,9 +272,6 @@ func (s *Sender) session() error {
 			for _, it := range withdrawn {
 				it.done(sender.ErrWithdrawn)
 			}
-			// The batch leaves in one write from this goroutine (no
-			// hand-off to the connection's flusher).
-			conn.Cork()
 			for i, it := range batch {
 				props, expired := publishProperties(it.m, now)
 				if expired {
@@ -302,9 +299,6 @@ func (s *Sender) session() error {
 				if s.cfg.QoS == 0 {
 					it.done(nil)
 				}
-			}
-			if err := conn.Flush(); err != nil {
-				return err
 			}
 			lastWrite = now
 		}
