@@ -474,10 +474,10 @@ func (v *validator) senders(f *File, cfg *Config) {
 			if m.QoS != nil {
 				qos = *m.QoS
 			}
-			if qos != 0 && qos != 1 {
-				v.add(p+".mqtt.qos", qos, "must be 0 or 1 (QoS 1 gives at-least-once)")
+			if qos < 0 || qos > 2 {
+				v.add(p+".mqtt.qos", qos, "must be 0, 1 or 2")
 			}
-			s.QoS = byte(max(0, min(1, qos)))
+			s.QoS = byte(max(0, min(2, qos)))
 			s.KeepAlive = v.duration(p+".mqtt.keep_alive", m.KeepAlive, DefaultKeepAlive)
 			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, failover.DefaultMQTTConnectTimeout)
 			s.Timeout = v.positive(p+".mqtt.timeout", m.Timeout, DefaultSenderTimeout)

@@ -1,4 +1,5 @@
-// Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0)
+// Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0 or
+// 2: a QoS 2 message counts accepted at its PUBCOMP)
 // to another broker over paho.golang's packet codec with a pipeline: one
 // goroutine writes PUBLISH packets in the order they were sent, as many as
 // the broker's receive maximum allows in flight, and another matches the
@@ -423,6 +424,47 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 					err = sender.Permanent(err)
 				}
 				it.done(err)
+			} else {
+				it.done(nil)
+			}
+		case *packets.Pubrec:
+			// QoS 2, first half: the broker has the message. A refusal
+			// ends the exchange; otherwise release it with PUBREL and
+			// wait for PUBCOMP (the message keeps its slot until then).
+			s.mu.Lock()
+			it, ok := s.pending[c.PacketID]
+			if ok && c.ReasonCode >= 0x80 {
+				delete(s.pending, c.PacketID)
+			}
+			s.mu.Unlock()
+			if !ok {
+				continue
+			}
+			if c.ReasonCode >= 0x80 {
+				signal(s.acked)
+				err := fmt.Errorf("broker refused the message: %s", c.Reason())
+				if PermanentReason(c.ReasonCode) {
+					err = sender.Permanent(err)
+				}
+				it.done(err)
+				continue
+			}
+			if _, err := (&packets.Pubrel{PacketID: c.PacketID}).WriteTo(conn); err != nil {
+				return err
+			}
+		case *packets.Pubcomp:
+			s.mu.Lock()
+			it, ok := s.pending[c.PacketID]
+			delete(s.pending, c.PacketID)
+			s.mu.Unlock()
+			signal(s.acked)
+			if !ok {
+				continue
+			}
+			if c.ReasonCode >= 0x80 {
+				// Packet identifier not found: the broker lost the
+				// exchange; publishing again is the way to deliver.
+				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", c.Reason()))
 			} else {
 				it.done(nil)
 			}
