@@ -33,9 +33,13 @@ budgets:
 failover-lab:
 	$(GO) run ./cmd/myriarchd failover-lab
 
-# MQTT→MQTT throughput and latency through one bridge vs direct (needs mosquitto).
+# MQTT→MQTT in one run (needs mosquitto): direct, mosquitto's own bridge,
+# myriarch-bridge on an ephemeral and on an exclusive session; prints the
+# table of docs/bridge.md "Throughput" with the ratio against mosquitto's
+# bridge, CPU per message and the load average. BENCH=. runs every benchmark.
+BENCH ?= Compare
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/bridge/bench/
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 20m ./internal/bridge/bench/
 
 # Under CI=true the real OpAMP agent and helm are built before the unit tests
 # (their tests fail without them); elsewhere the agent's test skips until

@@ -150,6 +150,11 @@ func run(b *testing.B, pubURL, subURL, subFilter string) {
 // measure measures one path: publisher on pubURL topic "in/x", subscriber
 // on subURL filter.
 func measure(b *testing.B, pubURL, subURL, subFilter string) result {
+	return measureWith(b, pubURL, subURL, subFilter, func() {}, func() {})
+}
+
+// measureWith is measure with hooks around the paced phase (CPU sampling).
+func measureWith(b *testing.B, pubURL, subURL, subFilter string, beforePaced, afterPaced func()) result {
 	ctx := context.Background()
 	c := &collector{}
 	sub, err := embroker.Connect(ctx, subURL, fmt.Sprintf("bench-sub-%d", time.Now().UnixNano()), true, c.on)
@@ -162,6 +167,19 @@ func measure(b *testing.B, pubURL, subURL, subFilter string) result {
 	}
 	pub := mqttsender.New(mqttsender.Config{Broker: pubURL, ClientID: fmt.Sprintf("bench-pub-%d", time.Now().UnixNano()), QoS: 1, KeepAlive: 30 * time.Second})
 	defer pub.Close(ctx)
+
+	// The path is ready once a probe crosses it (mosquitto's bridge
+	// connects and subscribes in the background).
+	deadline := time.Now().Add(30 * time.Second)
+	for c.got.Load() == 0 {
+		if time.Now().After(deadline) {
+			b.Fatal("no message crossed the path within 30s")
+		}
+		publish(b, pub, "in/x", 1, 0)
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	c.reset()
 
 	// Warm-up.
 	publish(b, pub, "in/x", 2000, 0)
@@ -178,8 +196,10 @@ func measure(b *testing.B, pubURL, subURL, subFilter string) result {
 	r.outOfOrder = c.outOfOrd
 	c.reset()
 
+	beforePaced()
 	publish(b, pub, "in/x", pacedN, pacedRate)
 	waitCount(b, c, pacedN)
+	afterPaced()
 	r.p50 = float64(c.percentile(0.50).Microseconds()) / 1000
 	r.p99 = float64(c.percentile(0.99).Microseconds()) / 1000
 	r.pacedOutOfOrd = c.outOfOrd
@@ -212,6 +232,15 @@ type fencing struct {
 // broker a ("in/#") to dst ("out/#") under clientID, with what f asks of
 // own's tenure (own may be nil when f asks for nothing).
 func startBridge(b *testing.B, a, dst, clientID string, own *lease.Ownership, f fencing) (stop func()) {
+	stop, err := startBridgeErr(a, dst, clientID, own, f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return stop
+}
+
+// startBridgeErr is startBridge for the bridge's child process.
+func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing) (stop func(), err error) {
 	ctx := context.Background()
 	var stamp fence.Stamp
 	var guard fence.Tenure
@@ -232,26 +261,30 @@ func startBridge(b *testing.B, a, dst, clientID string, own *lease.Ownership, f 
 		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: window,
 		Subscriptions: []mqtt.Subscription{{Filter: "in/#", QoS: 1}}, Handler: d.Handle, Tenure: guard})
 	if err != nil {
-		b.Fatal(err)
+		route.Close()
+		_ = out.Close(ctx)
+		return nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(sctx) }()
-	for deadline := time.Now().Add(60 * time.Second); s.Level() != mqtt.LevelFull; {
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			b.Fatal("the bridge did not reach full service within 60s (did a broker die?)")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return func() {
+	stop = func() {
 		cancel()
 		<-done
 		route.Close()
 		_ = out.Close(ctx)
 	}
+	for deadline := time.Now().Add(30 * time.Second); s.Level() != mqtt.LevelFull; {
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("the session did not reach full service within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return stop, nil
 }
+
+func numCPU() int { return runtime.NumCPU() }
 
 // BenchmarkFence is the per-message cost of an exclusive session's
 // point-of-action checks (Ownership.Valid, which reads CLOCK_BOOTTIME) and

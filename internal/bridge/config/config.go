@@ -182,6 +182,10 @@ type RouteSettings struct {
 	MaxInFlight int
 	StripPrefix string
 	AddPrefix   string
+	// Mappings replace StripPrefix/AddPrefix when set.
+	Mappings []Mapping
+	// Retain is keep, clear or drop (see routing.RetainPolicy).
+	Retain string
 	// Policy is set when the session is exclusive.
 	Policy *failover.SessionPolicy
 	// PeakMessageRate is the declared peak rate in msg/s; 0 undeclared.

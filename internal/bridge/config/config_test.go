@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +134,12 @@ func TestBadConfigs(t *testing.T) {
 			[]string{`sessions[0].password_env: "MYRIARCH_NOPE_NOT_SET": names an environment variable that is not set`}},
 		{"duplicate ids", []string{"  - id: archive\n", "  - id: archive\n    type: file\n    file: {path: /tmp/x}\n  - id: archive\n"},
 			[]string{`senders[1].id: "archive": is already used by senders[0]`}},
+		{"bad retain policy", []string{"    senders: [archive]\n", "    senders: [archive]\n    retain: forget\n"},
+			[]string{`routes[0].retain: "forget": must be keep, clear or drop`}},
+		{"bad mappings", []string{"    senders: [archive]\n", "    senders: [archive]\n    mappings:\n      - {pattern: 'a/#/b', source_prefix: p/}\n      - {pattern: '#', source_prefix: 'q/+/', destination_prefix: 'r/#'}\n      - {source_prefix: s/}\n"},
+			[]string{`routes[0].mappings: and rewrite exclude each other`, `routes[0].mappings[0].pattern: "a/#/b": with source_prefix "p/": '#' must be a whole level and the last one`,
+				`routes[0].mappings[1].source_prefix: "q/+/": must not contain MQTT wildcards`, `routes[0].mappings[1].destination_prefix: "r/#": must not contain MQTT wildcards`,
+				`routes[0].mappings[2].pattern: is required`}},
 		{"wrong type", []string{"max_in_flight", "max_in_flight"}, nil}, // placeholder replaced below
 		{"all errors at once", []string{"id: plant-bridge", "id: ''", "lease_ttl: 10s", "lease_ttl: -1s", "qos: 1}", "qos: 9}"},
 			[]string{`bridge.id: is required`, `routes[0].lease_ttl: "-1s": must not be negative`, `qos: 9: must be 0, 1 or 2`}},
@@ -248,5 +255,19 @@ func TestQueueRoom(t *testing.T) {
 	}
 	if q := cfg.QueueRoom["plant"]; q.PeakRate != 0 || q.AtRisk != 0 || q.Err != nil {
 		t.Errorf("undeclared rate: %+v", q)
+	}
+}
+
+// Topic mappings and the retain policy reach the route's settings.
+func TestMappingsAndRetain(t *testing.T) {
+	cfg, err := Parse("good.yaml", []byte(edit(t, `    rewrite: {strip_prefix: "plant/", add_prefix: "site1/"}`,
+		"    retain: clear\n    mappings:\n      - {pattern: 'sensors/#', source_prefix: plant/, destination_prefix: site1/}\n      - {pattern: '#', source_prefix: lab/}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Routes[0]
+	want := []Mapping{{Pattern: "sensors/#", SourcePrefix: "plant/", DestinationPrefix: "site1/"}, {Pattern: "#", SourcePrefix: "lab/"}}
+	if fmt.Sprint(r.Mappings) != fmt.Sprint(want) || r.Retain != "clear" || r.StripPrefix != "" {
+		t.Fatalf("route settings %+v", r)
 	}
 }

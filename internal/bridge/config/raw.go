@@ -163,6 +163,12 @@ type Route struct {
 	Senders     []string `yaml:"senders"`
 	MaxInFlight int      `yaml:"max_in_flight"`
 	Rewrite     *Rewrite `yaml:"rewrite"`
+	// Mappings map topics like mosquitto's bridge "topic" lines, several
+	// per route, each with its own prefixes (instead of rewrite).
+	Mappings []Mapping `yaml:"mappings"`
+	// Retain is keep (default), clear or drop: what the route does with
+	// messages that carry the retain flag.
+	Retain string `yaml:"retain"`
 
 	LeaseTTL             string `yaml:"lease_ttl"`
 	RenewInterval        string `yaml:"renew_interval"`
@@ -178,6 +184,13 @@ type Route struct {
 	// PeakMessageRate is the route's peak message rate (msg/s), for the
 	// queue-room admission of its exclusive session.
 	PeakMessageRate float64 `yaml:"peak_message_rate"`
+}
+
+// Mapping is one topic mapping of a route.
+type Mapping struct {
+	Pattern           string `yaml:"pattern"`
+	SourcePrefix      string `yaml:"source_prefix"`
+	DestinationPrefix string `yaml:"destination_prefix"`
 }
 
 // Rewrite replaces a topic prefix.

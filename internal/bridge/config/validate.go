@@ -476,10 +476,10 @@ func (v *validator) senders(f *File, cfg *Config) {
 			if m.QoS != nil {
 				qos = *m.QoS
 			}
-			if qos != 0 && qos != 1 {
-				v.add(p+".mqtt.qos", qos, "must be 0 or 1 (QoS 1 gives at-least-once)")
+			if qos < 0 || qos > 2 {
+				v.add(p+".mqtt.qos", qos, "must be 0, 1 or 2")
 			}
-			s.QoS = byte(max(0, min(1, qos)))
+			s.QoS = byte(max(0, min(2, qos)))
 			s.KeepAlive = v.duration(p+".mqtt.keep_alive", m.KeepAlive, DefaultKeepAlive)
 			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, activation.DefaultMQTTConnectTimeout)
 			s.Timeout = v.positive(p+".mqtt.timeout", m.Timeout, DefaultSenderTimeout)
@@ -561,6 +561,31 @@ func (v *validator) routes(f *File, cfg *Config) {
 		}
 		if rs.MaxInFlight < 1 || rs.MaxInFlight > 1<<20 {
 			v.add(p+".max_in_flight", r.MaxInFlight, "must be within [1, 1048576]")
+		}
+		if len(r.Mappings) > 0 && r.Rewrite != nil {
+			v.add(p+".mappings", nil, "and rewrite exclude each other: put the prefixes in the mappings")
+		}
+		for j, m := range r.Mappings {
+			mp := fmt.Sprintf("%s.mappings[%d]", p, j)
+			if m.Pattern == "" {
+				v.add(mp+".pattern", nil, "is required")
+			} else if why := validFilter(m.SourcePrefix + m.Pattern); why != "" {
+				v.add(mp+".pattern", m.Pattern, "with source_prefix %q: %s", m.SourcePrefix, why)
+			}
+			if strings.ContainsAny(m.SourcePrefix, "+#") {
+				v.add(mp+".source_prefix", m.SourcePrefix, "must not contain MQTT wildcards")
+			}
+			if strings.ContainsAny(m.DestinationPrefix, "+#") {
+				v.add(mp+".destination_prefix", m.DestinationPrefix, "must not contain MQTT wildcards")
+			}
+		}
+		rs.Mappings = r.Mappings
+		switch rs.Retain = r.Retain; rs.Retain {
+		case "":
+			rs.Retain = "keep"
+		case "keep", "clear", "drop":
+		default:
+			v.add(p+".retain", r.Retain, "must be keep, clear or drop")
 		}
 		if r.Rewrite != nil {
 			rs.StripPrefix, rs.AddPrefix = r.Rewrite.StripPrefix, r.Rewrite.AddPrefix

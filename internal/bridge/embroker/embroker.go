@@ -4,6 +4,7 @@
 package embroker
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,6 +36,20 @@ func FreePort() (string, error) {
 // limits so that it is not the bottleneck of a measurement. addr "" picks
 // a free port.
 func Start(addr string, logger *slog.Logger) (*Broker, error) {
+	return StartWith(addr, logger, Options{})
+}
+
+// Options are the embedded broker's optional TLS listener and users.
+type Options struct {
+	// TLS, if set, makes the listener TLS (mutual with ClientAuth set);
+	// the URL is then mqtts://.
+	TLS *tls.Config
+	// Users, if set, are the only username/password pairs allowed.
+	Users map[string]string
+}
+
+// StartWith is Start with Options.
+func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) {
 	if addr == "" {
 		var err error
 		if addr, err = FreePort(); err != nil {
@@ -48,9 +63,22 @@ func Start(addr string, logger *slog.Logger) (*Broker, error) {
 	caps.ReceiveMaximum = 65535
 	caps.MaximumInflight = 65535
 	caps.MaximumClientWritesPending = 65536
+	// No expiry for messages published without one (mochi's default adds
+	// a day, which mosquitto does not): the bridge carries expiry through.
+	caps.MaximumMessageExpiryInterval = 0
 	s := mochi.New(&mochi.Options{Capabilities: caps, Logger: logger, InlineClient: true})
-	if err := s.AddHook(new(auth.AllowHook), nil); err != nil {
-		return nil, err
+	if opts.Users == nil {
+		if err := s.AddHook(new(auth.AllowHook), nil); err != nil {
+			return nil, err
+		}
+	} else {
+		l := &auth.Ledger{ACL: auth.ACLRules{{}}}
+		for u, pw := range opts.Users {
+			l.Auth = append(l.Auth, auth.AuthRule{Username: auth.RString(u), Password: auth.RString(pw), Allow: true})
+		}
+		if err := s.AddHook(new(auth.Hook), &auth.Options{Ledger: l}); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.AddHook(&takeoverGate{server: s}, nil); err != nil {
 		return nil, err
@@ -58,14 +86,18 @@ func Start(addr string, logger *slog.Logger) (*Broker, error) {
 	if err := s.AddHook(&sendQuotaOff{}, nil); err != nil {
 		return nil, err
 	}
-	if err := s.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})); err != nil {
+	if err := s.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr, TLSConfig: opts.TLS})); err != nil {
 		return nil, err
 	}
 	if err := s.Serve(); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded broker on %s: %w", addr, err)
 	}
-	return &Broker{Server: s, Addr: addr, URL: "tcp://" + addr}, nil
+	scheme := "tcp://"
+	if opts.TLS != nil {
+		scheme = "mqtts://"
+	}
+	return &Broker{Server: s, Addr: addr, URL: scheme + addr}, nil
 }
 
 // Close stops the broker.

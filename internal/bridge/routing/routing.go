@@ -55,12 +55,19 @@ type RouteConfig struct {
 	MaxInFlight int
 	StripPrefix string
 	AddPrefix   string
-	DeadLetter  *DeadLetter
-	Metrics     *metrics.Bridge
-	Logger      *slog.Logger
+	// Mappings, if set, replace StripPrefix/AddPrefix: the route takes
+	// only messages that match one of them, and the first that matches
+	// maps the topic.
+	Mappings   []Mapping
+	DeadLetter *DeadLetter
+	Metrics    *metrics.Bridge
+	Logger     *slog.Logger
 	// Fence is stamped on every message the route hands to a sender
 	// (zero for a non-exclusive session).
 	Fence fence.Stamp
+	// Retain is what the route does with a message that carries the
+	// retain flag (default RetainKeep).
+	Retain RetainPolicy
 	// Tenure, if set, is the lease tenure the route works for. A message
 	// that had to wait for a slot is not taken once the tenure is invalid
 	// (the transport checks at intake), a lane of an ended tenure sends
@@ -68,6 +75,30 @@ type RouteConfig struct {
 	// deliver (sender.Message.Tenure).
 	Tenure fence.Tenure
 }
+
+// Mapping is one topic mapping of a route, as in mosquitto's bridge
+// "topic <pattern> <direction> <qos> <local-prefix> <remote-prefix>": a
+// message on SourcePrefix+<topic matching Pattern> is delivered as
+// DestinationPrefix+<that topic>.
+type Mapping struct {
+	Pattern, SourcePrefix, DestinationPrefix string
+}
+
+// RetainPolicy is a route's handling of retained messages: those the
+// broker sends when the session subscribes and live ones published with
+// the retain flag (the receiver subscribes with Retain As Published).
+type RetainPolicy string
+
+// Retain policies.
+const (
+	// RetainKeep forwards the message with its retain flag.
+	RetainKeep RetainPolicy = "keep"
+	// RetainClear forwards the message without the retain flag, so that
+	// the destination broker stores nothing.
+	RetainClear RetainPolicy = "clear"
+	// RetainDrop does not forward the message; it is acknowledged.
+	RetainDrop RetainPolicy = "drop"
+)
 
 // Route delivers the messages of one receiver to its senders.
 //
@@ -179,18 +210,39 @@ func (r *Route) ID() string { return r.cfg.ID }
 // InFlight is the number of messages the route holds.
 func (r *Route) InFlight() int64 { return r.inFlight.Load() }
 
-// Matches reports whether the route's receiver subscribed to topic.
+// Matches reports whether the route's receiver subscribed to topic and,
+// for a route with mappings, whether one of them maps it.
 func (r *Route) Matches(topic string) bool {
 	for _, f := range r.cfg.Filters {
 		if mqtt.Match(f, topic) {
-			return true
+			if len(r.cfg.Mappings) == 0 {
+				return true
+			}
+			_, ok := r.mapped(topic)
+			return ok
 		}
 	}
 	return false
 }
 
-// Rewrite applies the route's topic rewrite.
+// mapped applies the first mapping that matches topic.
+func (r *Route) mapped(topic string) (string, bool) {
+	for _, m := range r.cfg.Mappings {
+		if mqtt.Match(m.SourcePrefix+m.Pattern, topic) {
+			return m.DestinationPrefix + strings.TrimPrefix(topic, m.SourcePrefix), true
+		}
+	}
+	return topic, false
+}
+
+// Rewrite applies the route's topic rewrite: its first matching mapping
+// (a topic that none maps is returned as is), or its strip and add
+// prefixes.
 func (r *Route) Rewrite(topic string) string {
+	if len(r.cfg.Mappings) > 0 {
+		t, _ := r.mapped(topic)
+		return t
+	}
 	if r.cfg.StripPrefix != "" {
 		topic = strings.TrimPrefix(topic, r.cfg.StripPrefix)
 	}
@@ -216,6 +268,10 @@ func (r *Route) valid() bool { return r.cfg.Tenure == nil || r.cfg.Tenure.Valid(
 func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	// The transport checked the tenure just before it called the handler
 	// (intake); the route checks again only after it had to wait.
+	if m.Retain && r.cfg.Retain == RetainDrop {
+		settled()
+		return nil
+	}
 	select {
 	case r.slots <- struct{}{}:
 	default:
@@ -239,6 +295,15 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	r.mInFlight.Inc()
 	r.mIn.Inc()
 	topic := r.Rewrite(m.Topic)
+	retain := m.Retain && r.cfg.Retain != RetainClear
+	props := m.Properties
+	if props != nil && props.ResponseTopic != "" {
+		// The response topic names a topic on the source side: the
+		// destination's responders see it mapped like the topic.
+		c := *props
+		c.ResponseTopic = r.Rewrite(props.ResponseTopic)
+		props = &c
+	}
 	var pending atomic.Int32
 	pending.Store(int32(len(r.targets)))
 	finish := func() {
@@ -251,7 +316,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	}
 	for _, t := range r.targets {
 		d := &delivery{t: t, finish: finish, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
-			QoS: m.QoS, Retain: m.Retain, Received: m.Received, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
+			QoS: m.QoS, Retain: retain, Received: m.Received, Properties: props, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
 		t.mu.Lock()
 		l := t.lanes[topic]
 		if l == nil {

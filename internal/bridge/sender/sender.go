@@ -30,6 +30,9 @@ type Message struct {
 	// and session id); senders carry it to the destination (see package
 	// fence). Zero for a non-exclusive session: nothing is stamped.
 	Fence fence.Stamp
+	// Properties are the message's MQTT 5 properties that MQTT senders
+	// carry on; nil when it had none.
+	Properties *Properties
 	// Tenure, if set, is the lease tenure that received the message. Once
 	// it is no longer valid the message counts as withdrawn: the owner
 	// lost the right to act, so no sender starts delivering it.
@@ -37,6 +40,28 @@ type Message struct {
 
 	withdrawn atomic.Bool
 }
+
+// Properties are the MQTT 5 properties of a received message that the
+// bridge carries through to an MQTT destination.
+type Properties struct {
+	// User are the user properties in their order (keys may repeat).
+	User []UserProperty
+	// ContentType and PayloadFormat (0 bytes, 1 UTF-8; nil when absent)
+	// describe the payload.
+	ContentType   string
+	PayloadFormat *byte
+	// MessageExpiry is the expiry interval as received (seconds; nil for
+	// none). The MQTT sender publishes what remains of it after the time
+	// since Received, and does not publish a message that has expired.
+	MessageExpiry *uint32
+	// ResponseTopic is already mapped by the route like the topic;
+	// CorrelationData is passed as is.
+	ResponseTopic   string
+	CorrelationData []byte
+}
+
+// UserProperty is one MQTT 5 user property.
+type UserProperty struct{ Key, Value string }
 
 // SetWithdrawn marks m withdrawn (true) or wanted again (false). The route
 // withdraws the messages it has handed to a sender when an earlier message

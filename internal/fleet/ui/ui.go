@@ -26,9 +26,9 @@ import (
 	"strings"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
-	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 

@@ -1,4 +1,5 @@
-// Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0)
+// Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0 or
+// 2: a QoS 2 message counts accepted at its PUBCOMP)
 // to another broker over paho.golang's packet codec with a pipeline: one
 // goroutine writes PUBLISH packets in the order they were sent, as many as
 // the broker's receive maximum allows in flight, and another matches the
@@ -276,8 +277,19 @@ func (s *Sender) session() error {
 				it.done(sender.ErrWithdrawn)
 			}
 			for i, it := range batch {
+				props, expired := publishProperties(it.m, now, &stamps)
+				if expired {
+					// MQTT 5: a message whose expiry passed is not
+					// forwarded; it counts as delivered (nobody may
+					// receive it any more).
+					s.mu.Lock()
+					delete(s.pending, ids[i])
+					s.mu.Unlock()
+					it.done(nil)
+					continue
+				}
 				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
-					Properties: stamps.properties(it.m.Fence)}
+					Properties: props}
 				if _, err := p.WriteTo(conn); err != nil {
 					// Unwritten QoS 0 messages and the rest of the batch fail
 					// now; written QoS 1 ones fail with the connection.
@@ -316,6 +328,44 @@ func (c *stampCache) properties(f fence.Stamp) *packets.Properties {
 		c.props = &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
 	}
 	return c.props
+}
+
+// publishProperties are the PUBLISH properties of m at now: its MQTT 5
+// properties carried through, the message expiry decremented by the time
+// since the bridge received m (expired reports that none is left), and an
+// exclusive session's fencing stamp as user properties (package fence),
+// which replaces a stamp the message arrived with. nil when there are
+// none; a message with only a stamp shares stamps' cached properties (the
+// common case of an exclusive session costs no allocation).
+func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (props *packets.Properties, expired bool) {
+	mp := m.Properties
+	if mp == nil {
+		return stamps.properties(m.Fence), false
+	}
+	props = &packets.Properties{}
+	props.ContentType, props.PayloadFormat = mp.ContentType, mp.PayloadFormat
+	props.ResponseTopic, props.CorrelationData = mp.ResponseTopic, mp.CorrelationData
+	if mp.MessageExpiry != nil {
+		held := uint32(0)
+		if !m.Received.IsZero() && now.After(m.Received) {
+			held = uint32(now.Sub(m.Received) / time.Second)
+		}
+		if held >= *mp.MessageExpiry {
+			return nil, true
+		}
+		left := *mp.MessageExpiry - held
+		props.MessageExpiry = &left
+	}
+	for _, u := range mp.User {
+		if !m.Fence.IsZero() && (u.Key == fence.MQTTLeaseVersion || u.Key == fence.MQTTSessionID) {
+			continue
+		}
+		props.User = append(props.User, packets.User{Key: u.Key, Value: u.Value})
+	}
+	if !m.Fence.IsZero() {
+		props.User = append(props.User, packets.User{Key: fence.MQTTLeaseVersion, Value: m.Fence.Version()}, packets.User{Key: fence.MQTTSessionID, Value: m.Fence.SessionID})
+	}
+	return props, false
 }
 
 func (s *Sender) oldestPending() time.Time {
@@ -397,6 +447,47 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 					err = sender.Permanent(err)
 				}
 				it.done(err)
+			} else {
+				it.done(nil)
+			}
+		case *packets.Pubrec:
+			// QoS 2, first half: the broker has the message. A refusal
+			// ends the exchange; otherwise release it with PUBREL and
+			// wait for PUBCOMP (the message keeps its slot until then).
+			s.mu.Lock()
+			it, ok := s.pending[c.PacketID]
+			if ok && c.ReasonCode >= 0x80 {
+				delete(s.pending, c.PacketID)
+			}
+			s.mu.Unlock()
+			if !ok {
+				continue
+			}
+			if c.ReasonCode >= 0x80 {
+				signal(s.acked)
+				err := fmt.Errorf("broker refused the message: %s", c.Reason())
+				if PermanentReason(c.ReasonCode) {
+					err = sender.Permanent(err)
+				}
+				it.done(err)
+				continue
+			}
+			if _, err := (&packets.Pubrel{PacketID: c.PacketID}).WriteTo(conn); err != nil {
+				return err
+			}
+		case *packets.Pubcomp:
+			s.mu.Lock()
+			it, ok := s.pending[c.PacketID]
+			delete(s.pending, c.PacketID)
+			s.mu.Unlock()
+			signal(s.acked)
+			if !ok {
+				continue
+			}
+			if c.ReasonCode >= 0x80 {
+				// Packet identifier not found: the broker lost the
+				// exchange; publishing again is the way to deliver.
+				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", c.Reason()))
 			} else {
 				it.done(nil)
 			}

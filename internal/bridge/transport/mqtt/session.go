@@ -36,6 +36,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/sender"
 )
 
 // Level is a session's service level.
@@ -76,6 +77,8 @@ type Message struct {
 	QoS      byte
 	Retain   bool
 	Received time.Time
+	// Properties are the MQTT 5 properties carried on (nil: none).
+	Properties *sender.Properties
 }
 
 // Handler receives every message in arrival order from one goroutine.
@@ -342,7 +345,14 @@ func (s *Session) subscribe(ctx context.Context, cli *paho.Client, subs []Subscr
 	defer cancel()
 	req := &paho.Subscribe{}
 	for _, sub := range subs {
-		req.Subscriptions = append(req.Subscriptions, paho.SubscribeOptions{Topic: sub.Filter, QoS: sub.QoS})
+		// Retain As Published keeps the publisher's retain flag on live
+		// messages (a broker otherwise clears it), so a route can carry
+		// it on. Retain Handling 1 sends the retained messages of a
+		// filter only when the subscription is new: a resumed exclusive
+		// session that subscribes again after a takeover does not get
+		// them a second time.
+		req.Subscriptions = append(req.Subscriptions, paho.SubscribeOptions{Topic: sub.Filter, QoS: sub.QoS,
+			RetainAsPublished: true, RetainHandling: 1})
 	}
 	for {
 		sa, err := cli.Subscribe(sctx, req)
@@ -480,7 +490,10 @@ func (s *Session) connect(ctx context.Context, broker string, report func(error)
 		ClientID:   s.cfg.ClientID,
 		CleanStart: s.cfg.CleanStart,
 		KeepAlive:  uint16(s.cfg.KeepAlive / time.Second),
-		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, ReceiveMaximum: &recvMax},
+		// RequestProblemInfo is MQTT 5's default, sent explicitly:
+		// mochi-mqtt v2.7.9 otherwise strips the user properties of the
+		// PUBLISH packets it sends us, and the bridge carries them on.
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, ReceiveMaximum: &recvMax, RequestProblemInfo: true},
 	}
 	if s.cfg.Username != "" {
 		cp.UsernameFlag, cp.Username = true, s.cfg.Username
@@ -514,6 +527,21 @@ func (s *Session) SessionPresent() bool {
 	return s.sessionResume
 }
 
+// properties copies the properties the bridge carries on; nil when there
+// are none (the common case costs no allocation).
+func properties(pp *paho.PublishProperties) *sender.Properties {
+	if pp == nil || (len(pp.User) == 0 && pp.ContentType == "" && pp.PayloadFormat == nil && pp.MessageExpiry == nil &&
+		pp.ResponseTopic == "" && pp.CorrelationData == nil) {
+		return nil
+	}
+	out := &sender.Properties{ContentType: pp.ContentType, PayloadFormat: pp.PayloadFormat, MessageExpiry: pp.MessageExpiry,
+		ResponseTopic: pp.ResponseTopic, CorrelationData: pp.CorrelationData}
+	for _, u := range pp.User {
+		out.User = append(out.User, sender.UserProperty{Key: u.Key, Value: u.Value})
+	}
+	return out
+}
+
 func (s *Session) onPublish(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
 	cli := pr.Client
@@ -533,7 +561,7 @@ func (s *Session) onPublish(pr paho.PublishReceived) (bool, error) {
 		}
 		return true, nil
 	}
-	m := &Message{Topic: p.Topic, Payload: p.Payload, QoS: p.QoS, Retain: p.Retain, Received: time.Now()}
+	m := &Message{Topic: p.Topic, Payload: p.Payload, QoS: p.QoS, Retain: p.Retain, Received: time.Now(), Properties: properties(p.Properties)}
 	s.cfg.Handler(m, func() {
 		if s.valid() {
 			_ = cli.Ack(p)

@@ -1,0 +1,311 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/lease"
+	"github.com/myriarch/myriarch/lease/sqlitestore"
+)
+
+// The bridge runs in a child process of the benchmark (this test binary
+// re-executed with childEnv set) so that its CPU time is its own, not the
+// publisher's and subscriber's.
+const childEnv = "MYRIARCH_BENCH_BRIDGE"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(bridgeChild(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// bridgeChild runs startBridge for spec "a dst clientID exclusive", says
+// "ready" on stdout once the session is at full service, and stops when
+// stdin closes.
+func bridgeChild(spec string) int {
+	f := strings.Fields(spec)
+	if len(f) != 4 {
+		fmt.Fprintln(os.Stderr, "bad spec", spec)
+		return 2
+	}
+	var own *lease.Ownership
+	if f[3] == "true" {
+		dir, err := os.MkdirTemp("", "bench-lease")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		o, stop, err := ownershipIn(dir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer stop()
+		own = o
+	}
+	stop, err := startBridgeErr(f[0], f[1], f[2], own, fencing{checks: own != nil, stamps: own != nil})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if prof := os.Getenv("MYRIARCH_BENCH_CPUPROFILE"); prof != "" {
+		// Profiling the bridge: MYRIARCH_BENCH_CPUPROFILE=file make bench
+		// writes one profile per bridge process (file.<pid>).
+		if pf, err := os.Create(fmt.Sprintf("%s.%d", prof, os.Getpid())); err == nil {
+			if pprof.StartCPUProfile(pf) == nil {
+				defer pf.Close()
+				defer pprof.StopCPUProfile()
+			}
+		}
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	stop()
+	if own != nil && !own.Valid() {
+		fmt.Fprintln(os.Stderr, "the tenure ended during the benchmark")
+		return 1
+	}
+	return 0
+}
+
+// ownershipIn runs a lease manager on a sqlite store in dir and returns
+// its tenure, valid for an hour.
+func ownershipIn(dir string) (*lease.Ownership, func(), error) {
+	st, err := sqlitestore.Open(context.Background(), filepath.Join(dir, "lease.db"), sqlitestore.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	c, _, err := failover.ResolveCadence(failover.LeaseConfig{LeaseTTL: time.Hour})
+	if err != nil {
+		return nil, nil, err
+	}
+	owned := make(chan *lease.Ownership, 1)
+	m, err := lease.New(lease.Config{Store: st, Session: "bench/s", InstanceID: "bench", Cadence: c,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnOwner: func(o *lease.Ownership) {
+			owned <- o
+			<-o.Stopping()
+		}})
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	stop := func() { cancel(); <-done; _ = st.Close() }
+	select {
+	case o := <-owned:
+		return o, stop, nil
+	case <-time.After(30 * time.Second):
+		stop()
+		return nil, nil, fmt.Errorf("no lease within 30s")
+	}
+}
+
+// bridgeProcess starts the bridge as a child process and returns its pid.
+func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool) int {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %v", childEnv, a, dst, clientID, exclusive))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = in.Close()
+		if err := cmd.Wait(); err != nil {
+			b.Errorf("bridge process: %v", err)
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		b.Fatalf("bridge process did not start: %q %v", line, err)
+	}
+	return cmd.Process.Pid
+}
+
+// cpuTime is the CPU time that process pid has used so far: the sum of
+// its threads' run time from /proc/<pid>/task/*/schedstat (nanoseconds,
+// finer than the 10 ms ticks of /proc/<pid>/stat).
+func cpuTime(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, t := range tasks {
+		raw, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(raw)); len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			sum += n
+		}
+	}
+	return time.Duration(sum)
+}
+
+// procCounts are process pid's read and write system calls
+// (/proc/<pid>/io syscr + syscw) and its threads' context switches
+// (voluntary and not, /proc/<pid>/task/*/status): counts that the load of a
+// shared machine does not distort the way it distorts times.
+func procCounts(pid int) (syscalls, switches int64) {
+	raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	for _, l := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && (k == "syscr" || k == "syscw") {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			syscalls += n
+		}
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		raw, _ := os.ReadFile(t)
+		for _, l := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				switches += n
+			}
+		}
+	}
+	return syscalls, switches
+}
+
+// loadavg is the one-minute load average, reported next to the figures
+// because the machine is shared.
+func loadavg() float64 {
+	raw, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+// row is one path of the comparison.
+type row struct {
+	name string
+	r    result
+	// bridgeCPU is the CPU of the bridging process per message at the
+	// paced rate (µs); destCPU is broker B's (µs), which for mosquitto's
+	// bridge includes the bridge.
+	bridgeCPU, destCPU float64
+	// syscalls and switches are the bridging process's read/write system
+	// calls and context switches per message at the paced rate.
+	syscalls, switches float64
+}
+
+// BenchmarkCompare measures, in one run, the four paths that the
+// throughput table in docs/bridge.md shows: direct (one mosquitto, the
+// ceiling); mosquitto's own bridge (broker B bridging in/# from broker A);
+// myriarch-bridge with an ephemeral session; myriarch-bridge on an
+// exclusive session (lease tenure on sqlite, point-of-action checks,
+// fencing stamps). It prints the table with the ratio against mosquitto's
+// bridge and the load average.
+//
+//	make bench
+func BenchmarkCompare(b *testing.B) {
+	mosquittoExe(b)
+	for range b.N {
+		load0 := loadavg()
+		var rows []row
+
+		a, apid := mosquitto(b, "")
+		r, _, destCPU, _, _ := measureCPU(b, a, a, "in/#", 0, apid)
+		rows = append(rows, row{name: "direct (one broker, the ceiling)", r: r, destCPU: destCPU})
+
+		a, _ = mosquitto(b, "")
+		dst, dpid := mosquitto(b, mosquittoBridge(a))
+		r, destCPU, _, sc, sw := measureCPU(b, a, dst, "out/#", dpid, dpid)
+		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU, syscalls: sc, switches: sw})
+
+		for _, excl := range []bool{false, true} {
+			a, _ = mosquitto(b, "")
+			dst, dpid = mosquitto(b, "")
+			pid := bridgeProcess(b, a, dst, fmt.Sprintf("cmp-%v", excl), excl)
+			r, bridgeCPU, destCPU, sc, sw := measureCPU(b, a, dst, "out/#", pid, dpid)
+			name := "myriarch-bridge (ephemeral session, one mqtt sender)"
+			if excl {
+				name = "myriarch-bridge (exclusive session: tenure checks, fencing stamps)"
+			}
+			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw})
+		}
+		printTable(rows, load0, loadavg())
+		mosq := rows[1]
+		for _, rw := range rows[2:] {
+			if rw.r.outOfOrder+rw.r.pacedOutOfOrd > 0 {
+				b.Errorf("%s: %d messages out of order", rw.name, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
+			}
+		}
+		b.ReportMetric(rows[2].r.rate/mosq.r.rate, "throughput-vs-mosquitto-bridge")
+		b.ReportMetric(rows[2].r.p50, "p50-ms@5k/s")
+		b.ReportMetric(rows[2].r.p99, "p99-ms@5k/s")
+		b.ReportMetric(rows[2].bridgeCPU, "bridge-cpu-us/msg")
+		b.ReportMetric(mosq.bridgeCPU, "mosquitto-bridge-cpu-us/msg")
+		b.ReportMetric(rows[2].syscalls, "bridge-syscalls/msg")
+	}
+}
+
+// measureCPU measures one path and the CPU per message of the bridging
+// process (pid, 0 for none) and of the destination broker (dpid) while
+// the paced phase runs.
+func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int) (r result, bridgeUS, destUS, syscalls, switches float64) {
+	var p0, d0 time.Duration
+	var sc0, sw0 int64
+	r = measureWith(b, pubURL, subURL, filter, func() {
+		p0, d0 = cpuTime(pid), cpuTime(dpid)
+		sc0, sw0 = procCounts(pid)
+	}, func() {
+		if pid != 0 {
+			bridgeUS = float64((cpuTime(pid) - p0).Microseconds()) / pacedN
+			sc, sw := procCounts(pid)
+			syscalls, switches = float64(sc-sc0)/pacedN, float64(sw-sw0)/pacedN
+		}
+		destUS = float64((cpuTime(dpid) - d0).Microseconds()) / pacedN
+	})
+	return r, bridgeUS, destUS, syscalls, switches
+}
+
+func printTable(rows []row, load0, load1 float64) {
+	fmt.Printf("\nQoS 1, %d-byte payloads, up to %d in flight, loopback, mosquitto brokers; load average %.1f → %.1f on %d-core machine\n\n",
+		payloadSize, window, load0, load1, numCPU())
+	fmt.Println("| path | max msg/s | vs mosquitto's bridge | p50 at 5k msg/s | p99 at 5k msg/s | bridge CPU per message at 5k msg/s | broker B CPU per message | bridge read+write syscalls per message | bridge context switches per message | out of order |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	mosq := rows[1]
+	for i, rw := range rows {
+		ratio, cpu := "–", "–"
+		if i > 0 {
+			ratio = fmt.Sprintf("%.2f×", rw.r.rate/mosq.r.rate)
+		}
+		if rw.bridgeCPU > 0 {
+			cpu = fmt.Sprintf("%.1f µs (%.0f %% of a core)", rw.bridgeCPU, rw.bridgeCPU*pacedRate/1e4)
+		}
+		sc, sw := "–", "–"
+		if rw.syscalls > 0 {
+			sc, sw = fmt.Sprintf("%.2f", rw.syscalls), fmt.Sprintf("%.2f", rw.switches)
+		}
+		fmt.Printf("| %s | %.0f | %s | %.2f ms | %.2f ms | %s | %.1f µs | %s | %s | %d |\n", rw.name, rw.r.rate, ratio, rw.r.p50, rw.r.p99,
+			cpu, rw.destCPU, sc, sw, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
+	}
+	fmt.Println()
+}
