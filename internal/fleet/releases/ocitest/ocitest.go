@@ -133,4 +133,3 @@ func (r *Registry) Push(ctx context.Context, repo, tag string, files []File) err
 	}
 	return rp.Tag(ctx, md, tag)
 }
-
