@@ -86,6 +86,7 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/agents/{uid}", a.auth(a.getAgent))
 	mux.Handle("PUT /api/v1/agents/{uid}/config", a.auth(a.setConfig))
 	a.registerAgentCommands(mux)
+	a.registerPackages(mux)
 	mux.Handle("GET /api/v1/cluster", a.auth(a.cluster))
 	mux.Handle("GET /api/v1/tokens", a.auth(a.listTokens))
 	mux.Handle("DELETE /api/v1/tokens/{id}", a.auth(a.revokeToken))

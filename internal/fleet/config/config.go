@@ -28,12 +28,13 @@ import (
 
 // Config is myriarchd's resolved configuration.
 type Config struct {
-	HA       HA
-	Server   Server
-	Database Database
-	Agents   Agents
-	Jobs     Jobs
-	Log      Log
+	HA        HA
+	Server    Server
+	Database  Database
+	Agents    Agents
+	Jobs      Jobs
+	Artifacts Artifacts
+	Log       Log
 }
 
 // HA is the high-availability section.
@@ -89,6 +90,20 @@ type Jobs struct {
 	HousekeepingInterval time.Duration
 	// ReplicaRetention is how long a replica row without heartbeat is kept.
 	ReplicaRetention time.Duration
+	// ReleaseTrackerInterval is how often the release tracker looks for
+	// package sources whose own poll interval has passed.
+	ReleaseTrackerInterval time.Duration
+	// ArtifactPrefetchInterval is how often artifact prefetch looks for
+	// missing blobs and applies retention.
+	ArtifactPrefetchInterval time.Duration
+}
+
+// Artifacts is the agent software store.
+type Artifacts struct {
+	// KeepVersions is how many newest versions per package keep their blobs.
+	KeepVersions int64
+	// PublicURL is the base URL agents download artifacts from.
+	PublicURL string
 }
 
 // Log is the logging.
@@ -227,6 +242,21 @@ var Settings = []Setting{
 	durSetting("jobs.replicaRetention", "24h", time.Minute, 8760*time.Hour,
 		"Housekeeping deletes replica registry rows without heartbeat for longer than this.",
 		func(c *Config) *time.Duration { return &c.Jobs.ReplicaRetention }),
+	durSetting("jobs.releaseTrackerInterval", "10s", time.Second, time.Hour,
+		"How often the release tracker (leader only) looks for package sources whose own poll interval has passed.",
+		func(c *Config) *time.Duration { return &c.Jobs.ReleaseTrackerInterval }),
+	durSetting("jobs.artifactPrefetchInterval", "30s", time.Second, 24*time.Hour,
+		"How often artifact prefetch (leader only) downloads missing blobs of tracked releases and applies retention.",
+		func(c *Config) *time.Duration { return &c.Jobs.ArtifactPrefetchInterval }),
+	intSetting("artifacts.keepVersions", "3", 1, 1000,
+		"Blobs of this many newest versions per package are kept, plus those of every version an agent reports as installed.",
+		func(c *Config) *int64 { return &c.Artifacts.KeepVersions }),
+	strSetting("artifacts.publicUrl", "", "must be empty or an http:// or https:// URL",
+		"Base URL at which agents reach the HTTP listener, used in the download URLs offered to them; empty means http://<host of the replica>:<port of server.httpListen>.",
+		func(s string) bool {
+			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
+		},
+		func(c *Config) *string { return &c.Artifacts.PublicURL }),
 	strSetting("log.level", "info", "must be one of debug, info, warn, error", "Log level.",
 		func(s string) bool { return slices.Contains([]string{"debug", "info", "warn", "error"}, s) }, func(c *Config) *string { return &c.Log.Level }),
 	strSetting("log.format", "text", "must be text or json", "Log format.",

@@ -29,11 +29,13 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
@@ -140,9 +142,15 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	termOf := func() int64 { _, t, _ := d.Elector.LeaderContext(); return t }
+	tracker := releases.NewTracker(d.Store.Pool, map[string]releases.Lister{releases.TypeOCI: releases.OCILister{}}, termOf, d.log, d.Reg)
+	prefetch := artifacts.New(artifacts.Options{Pool: d.Store.Pool, FenceTx: d.Elector.Fence, TermOf: termOf, Replica: cfg.HA.ReplicaID,
+		Keep: int(cfg.Artifacts.KeepVersions), Log: d.log, Registerer: d.Reg})
 	runner = jobs.NewRunner([]jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
+		tracker.Job(cfg.Jobs.ReleaseTrackerInterval),
+		prefetch.Job(cfg.Jobs.ArtifactPrefetchInterval),
 	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Runner = runner
 
@@ -161,6 +169,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
+	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg), d.log))
 	if o.Mount != nil {
 		o.Mount(mux, d.API)
 	}
@@ -192,6 +201,12 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.log.Info("myriarchd replica started", "replica", cfg.HA.ReplicaID, "opamp", d.OpAMP.Addr().String()+cfg.Server.OpAMPPath,
 		"http", d.httpAddr.String(), "leaderSessionTimeout", cfg.HA.LeaderSessionTimeout)
 	return d, nil
+}
+
+// AgentAuth is the one credential check of the artifact endpoint: today
+// the agents' enrollment secret, as on the OpAMP endpoint.
+func AgentAuth(cfg *config.Config) artifacts.AgentAuthorizer {
+	return artifacts.EnrollmentSecretAuth(cfg.Server.EnrollmentSecret)
 }
 
 // OpAMPAddr and HTTPAddr are the bound listen addresses.
