@@ -90,6 +90,7 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/cluster", a.auth(a.cluster))
 	mux.Handle("GET /api/v1/tokens", a.auth(a.listTokens))
 	mux.Handle("DELETE /api/v1/tokens/{id}", a.auth(a.revokeToken))
+	a.registerConfigs(mux)
 	mux.Handle("/api/", a.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))

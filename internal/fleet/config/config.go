@@ -33,8 +33,23 @@ type Config struct {
 	Database  Database
 	Agents    Agents
 	Jobs      Jobs
+	GitOps    GitOps
 	Artifacts Artifacts
 	Log       Log
+}
+
+// GitOps is the Git source of configurations (package gitops).
+type GitOps struct {
+	RepoURL           string
+	Ref               string
+	Path              string
+	PollInterval      time.Duration
+	Username          string
+	Token             string
+	TokenFile         string
+	SSHKeyFile        string
+	SSHKnownHostsFile string
+	WebhookSecret     string
 }
 
 // HA is the high-availability section.
@@ -96,6 +111,9 @@ type Jobs struct {
 	// ArtifactPrefetchInterval is how often artifact prefetch looks for
 	// missing blobs and applies retention.
 	ArtifactPrefetchInterval time.Duration
+	// RolloutInterval is how often the rollout engine takes each active
+	// rollout one step.
+	RolloutInterval time.Duration
 }
 
 // Artifacts is the agent software store.
@@ -257,6 +275,32 @@ var Settings = []Setting{
 			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
 		},
 		func(c *Config) *string { return &c.Artifacts.PublicURL }),
+	durSetting("jobs.rolloutInterval", "2s", 100*time.Millisecond, time.Minute,
+		"Interval of the rollout planner and engine (leader only): how often each active rollout takes a step (reads reports, sends the next agents, opens the next wave).",
+		func(c *Config) *time.Duration { return &c.Jobs.RolloutInterval }),
+	strSetting("gitops.repoUrl", "", "must be an https://, http://, ssh://, file:// or user@host:path URL", "Git repository of configurations; empty disables GitOps polling.",
+		func(s string) bool {
+			return s == "" || strings.HasPrefix(s, "https://") || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "ssh://") ||
+				strings.HasPrefix(s, "file://") || (strings.Contains(s, "@") && strings.Contains(s, ":"))
+		}, func(c *Config) *string { return &c.GitOps.RepoURL }),
+	strSetting("gitops.ref", "main", "must not be empty", "Branch (or full reference such as refs/tags/prod) to poll.",
+		func(s string) bool { return strings.TrimSpace(s) != "" }, func(c *Config) *string { return &c.GitOps.Ref }),
+	strSetting("gitops.path", "", "must be a relative path", "Directory of the repository that holds myriarch-configs.yaml; empty is the root.",
+		func(s string) bool { return !strings.HasPrefix(s, "/") && !strings.Contains(s, "..") }, func(c *Config) *string { return &c.GitOps.Path }),
+	durSetting("gitops.pollInterval", "1m", time.Second, 24*time.Hour,
+		"Time between polls of the repository (leader only); a webhook call polls at once.", func(c *Config) *time.Duration { return &c.GitOps.PollInterval }),
+	strSetting("gitops.username", "git", "", "User name of HTTPS basic auth with gitops.token (GitLab: oauth2).", nil,
+		func(c *Config) *string { return &c.GitOps.Username }),
+	strSetting("gitops.token", "", "", "HTTPS access token; prefer the environment variable or gitops.tokenFile.", nil,
+		func(c *Config) *string { return &c.GitOps.Token }),
+	strSetting("gitops.tokenFile", "", "", "File with the HTTPS access token, read at every poll.", nil,
+		func(c *Config) *string { return &c.GitOps.TokenFile }),
+	strSetting("gitops.sshKeyFile", "", "", "Private SSH key (unencrypted PEM/OpenSSH) for ssh:// and user@host:path URLs.", nil,
+		func(c *Config) *string { return &c.GitOps.SSHKeyFile }),
+	strSetting("gitops.sshKnownHostsFile", "", "", "known_hosts file that verifies the SSH server; empty uses the system's (SSH_KNOWN_HOSTS, ~/.ssh/known_hosts).", nil,
+		func(c *Config) *string { return &c.GitOps.SSHKnownHostsFile }),
+	strSetting("gitops.webhookSecret", "", "must be empty or at least 16 characters", "Secret of POST /api/v1/gitops/webhook (HMAC-SHA256 for GitHub and Gitea, the token for GitLab); empty refuses webhook calls.",
+		func(s string) bool { return s == "" || len(s) >= 16 }, func(c *Config) *string { return &c.GitOps.WebhookSecret }),
 	strSetting("log.level", "info", "must be one of debug, info, warn, error", "Log level.",
 		func(s string) bool { return slices.Contains([]string{"debug", "info", "warn", "error"}, s) }, func(c *Config) *string { return &c.Log.Level }),
 	strSetting("log.format", "text", "must be text or json", "Log format.",

@@ -32,10 +32,12 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
@@ -49,6 +51,10 @@ const (
 	PhaseLeaderRelease = "leader_release"
 	PhaseClose         = "pool_listener_close"
 )
+
+// gitopsCheck is how often the GitOps job looks for a poll requested by a
+// webhook.
+const gitopsCheck = 2 * time.Second
 
 // Options configure a replica.
 type Options struct {
@@ -146,13 +152,26 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	tracker := releases.NewTracker(d.Store.Pool, map[string]releases.Lister{releases.TypeOCI: releases.OCILister{}}, termOf, d.log, d.Reg)
 	prefetch := artifacts.New(artifacts.Options{Pool: d.Store.Pool, FenceTx: d.Elector.Fence, TermOf: termOf, Replica: cfg.HA.ReplicaID,
 		Keep: int(cfg.Artifacts.KeepVersions), Log: d.log, Registerer: d.Reg})
-	runner = jobs.NewRunner([]jobs.Job{
+	leaderJobs := []jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, pgleader.RegistryTable),
+		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 		tracker.Job(cfg.Jobs.ReleaseTrackerInterval),
 		prefetch.Job(cfg.Jobs.ArtifactPrefetchInterval),
-	}, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
+	}
+	var poller *gitops.Poller
+	if g := cfg.GitOps; g.RepoURL != "" {
+		poller = gitops.New(gitops.Options{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, RepoURL: g.RepoURL, Ref: g.Ref, Path: g.Path,
+			PollInterval: g.PollInterval, Username: g.Username, Token: g.Token, TokenFile: g.TokenFile, SSHKeyFile: g.SSHKeyFile,
+			SSHKnownHostsFile: g.SSHKnownHostsFile, WebhookSecret: g.WebhookSecret, Log: d.log})
+		// The job checks often whether a webhook asked for a poll; it
+		// polls the repository every gitops.pollInterval.
+		leaderJobs = append(leaderJobs, poller.Job(min(gitopsCheck, g.PollInterval)))
+		d.Reg.MustRegister(gitops.Collector{Store: d.Store})
+	}
+	runner = jobs.NewRunner(leaderJobs, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Runner = runner
+	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
 
 	var tlsCfg *tls.Config
 	if cfg.Server.TLSCertFile != "" {
@@ -170,6 +189,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	mux := http.NewServeMux()
 	d.API.Register(mux)
 	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg), d.log))
+	if poller != nil {
+		// Verified by its HMAC signature, not by an API token.
+		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
+	}
 	if o.Mount != nil {
 		o.Mount(mux, d.API)
 	}

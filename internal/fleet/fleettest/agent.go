@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,13 @@ type AgentOptions struct {
 	Heartbeat time.Duration
 	// FailConfig makes the agent report every remote config as failed.
 	FailConfig bool
+	// FailWhen, when not empty, makes the agent report as failed every
+	// remote config whose body contains it (a revision broken on purpose).
+	FailWhen string
+	// UnhealthyWhen, when not empty, makes the agent apply a remote config
+	// whose body contains it and then report itself unhealthy (a revision
+	// that applies but breaks the agent); other configs make it healthy.
+	UnhealthyWhen string
 	// UID; zero picks a random one.
 	UID types.InstanceUid
 	// TLS for wss:// and https:// URLs.
@@ -120,9 +128,17 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 				a.configs = append(a.configs, body)
 				a.hash = msg.RemoteConfig.ConfigHash
 				a.mu.Unlock()
+				if o.UnhealthyWhen != "" {
+					h := &protobufs.ComponentHealth{Healthy: true, Status: "ok", StartTimeUnixNano: uint64(time.Now().UnixNano())}
+					if strings.Contains(body, o.UnhealthyWhen) {
+						h = &protobufs.ComponentHealth{Healthy: false, Status: "crashing", LastError: "pipeline broken by the new config",
+							StartTimeUnixNano: uint64(time.Now().UnixNano())}
+					}
+					_ = a.Client.SetHealth(h)
+				}
 				st := protobufs.RemoteConfigStatuses_RemoteConfigStatuses_APPLIED
 				errMsg := ""
-				if o.FailConfig {
+				if o.FailConfig || (o.FailWhen != "" && strings.Contains(body, o.FailWhen)) {
 					st, errMsg = protobufs.RemoteConfigStatuses_RemoteConfigStatuses_FAILED, "refused by test agent"
 				}
 				_ = a.Client.SetRemoteConfigStatus(&protobufs.RemoteConfigStatus{LastRemoteConfigHash: msg.RemoteConfig.ConfigHash, Status: st, ErrorMessage: errMsg})

@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -30,9 +31,23 @@ const CookieName = "myriarch_session"
 
 var pages = func() map[string]*template.Template {
 	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b },
-		"health": parseHealth, "capnames": store.CapabilityNames}
+		"health": parseHealth, "capnames": store.CapabilityNames,
+		"selector": configs.FormatSelector, "join": strings.Join,
+		"total": func(m map[string]int) int {
+			n := 0
+			for _, v := range m {
+				n += v
+			}
+			return n
+		},
+		"secs": func(f *float64) float64 {
+			if f == nil {
+				return 0
+			}
+			return *f
+		}}
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "overview", "agents", "agent", "cluster"} {
+	for _, p := range []string{"login", "overview", "agents", "agent", "cluster", "configs", "config", "rollouts", "rollout"} {
 		out[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html"))
 	}
 	return out
@@ -43,6 +58,8 @@ type page struct {
 	Nav     bool
 	Replica string
 	Data    any
+	// Refresh reloads the page every few seconds (a running rollout).
+	Refresh bool
 }
 
 type handler struct {
@@ -64,14 +81,19 @@ func Mount(mux *http.ServeMux, a *api.API) {
 	mux.HandleFunc("GET /ui/agents/{uid}", h.auth(h.agent))
 	mux.HandleFunc("GET /ui/cluster", h.auth(h.cluster))
 	h.mountAgentActions(mux)
+	h.mountRollouts(mux)
 }
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
+	h.renderRefresh(w, r, name, title, data, false)
+}
+
+func (h *handler) renderRefresh(w http.ResponseWriter, r *http.Request, name, title string, data any, refresh bool) {
 	ov, _ := h.a.Overview(r.Context())
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Frame-Options", "DENY")
-	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data}); err != nil {
+	if err := pages[name].ExecuteTemplate(w, "layout", page{Title: title, Nav: name != "login", Replica: ov.ReplicaID, Data: data, Refresh: refresh}); err != nil {
 		h.log.Warn("rendering a page failed", "page", name, "error", err)
 	}
 }
@@ -189,13 +211,19 @@ func (h *handler) agentPage(w http.ResponseWriter, r *http.Request, actionErr st
 	if n := d.Agent.Identifying["service.name"]; n != "" {
 		title = "Agent " + n + " (" + d.Agent.InstanceUID + ")"
 	}
-	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Notice: notices[r.URL.Query().Get("done")], Error: actionErr})
+	as, err := store.AgentAssignment(r.Context(), h.a.Store().Pool, d.Agent.InstanceUID)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Assignment: as, Notice: notices[r.URL.Query().Get("done")], Error: actionErr})
 }
 
-// agentPage is the agent page: the API's detail and the outcome of an
-// action (from the redirect after it).
+// agentPage is the agent page: the API's detail, the configuration
+// assignment, and the outcome of an action (from the redirect after it).
 type agentPage struct {
 	api.AgentDetail
+	Assignment    store.Assignment
 	Notice, Error string
 }
 

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/pgtest"
+)
+
+// `myriarchd config ...` and `myriarchd rollout ...` against a real
+// PostgreSQL, with a replica that leads and carries the rollout out.
+func TestConfigAndRolloutCommands(t *testing.T) {
+	pg := pgtest.New(t)
+	t.Setenv("MYRIARCH_DATABASE_URL", pg.DSN(""))
+	run := func(args ...string) (string, string, int) {
+		var out, errb syncBuf
+		code := commands.Dispatch(args, &out, &errb)
+		return out.String(), errb.String(), code
+	}
+	must := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := run(args...)
+		if code != 0 {
+			t.Fatalf("%q: exit %d: %s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	refused := func(want string, args ...string) {
+		t.Helper()
+		out, errOut, code := run(args...)
+		if code != 2 || !strings.Contains(errOut, want) {
+			t.Errorf("%q: exit %d, %q %q; want exit 2 with %q", args, code, out, errOut, want)
+		}
+	}
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	refused(`type "json": must be one of myriarch-bridge, yaml`, "config", "put", "web", "--type", "json")
+	must("config", "put", "web", "--type", "yaml", "--selector", "role=web", "--priority", "5")
+	refused("not well-formed YAML", "config", "revise", "web", "--file", write("bad.yaml", "a: [\n"))
+	if out := must("config", "revise", "web", "--file", write("v1.yaml", "port: 80\n")); !strings.Contains(out, "stored revision 1 of web") {
+		t.Errorf("revise: %q", out)
+	}
+	if out := must("config", "revise", "web", "--file", write("v1b.yaml", "port: 80\n")); !strings.Contains(out, "unchanged: equal to revision 1") {
+		t.Errorf("revise unchanged: %q", out)
+	}
+	must("config", "revise", "web", "--file", write("v2.yaml", "port: 8080\n"))
+	if out := must("config", "diff", "web", "1", "2"); !strings.Contains(out, "-port: 80\n+port: 8080\n") {
+		t.Errorf("diff: %q", out)
+	}
+	if out := must("config", "cat", "web", "2"); out != "port: 8080\n" {
+		t.Errorf("cat: %q", out)
+	}
+	if out := must("config", "list"); !strings.Contains(out, "web") || !strings.Contains(out, "role=web") {
+		t.Errorf("list: %q", out)
+	}
+	refused(`waves ["10%"]: the last wave must be "100%"`, "rollout", "create", "--config", "web", "--waves", "10%")
+	refused(`failure_policy rollback: web has no current revision`, "rollout", "create", "--config", "web", "--failure-policy", "rollback")
+	if out := must("rollout", "create", "--config", "web", "--to", "1", "--bake", "0s"); !strings.Contains(out, "rollout 1 created: web revision 0 → 1") {
+		t.Errorf("create: %q", out)
+	}
+	if out, errOut, code := run("rollout", "create", "--config", "web"); code != 1 || !strings.Contains(errOut, "rollout 1 of web is still active") {
+		t.Errorf("overlapping create: %d %q %q", code, out, errOut)
+	}
+
+	d := inProcessReplica(t, pg.DSN(""), "replica-c", map[string]string{"jobs.rolloutInterval": "100ms", "ha.leaderSessionTimeout": "10s"})
+	ag, err := fleettest.StartAgent(t.Context(), fleettest.AgentOptions{URL: "ws://" + d.OpAMPAddr().String() + "/v1/opamp", Secret: testSecret,
+		Attrs: map[string]string{"role": "web"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Stop(t.Context())
+	// The agent registers after the rollout was created; the planner
+	// selects agents when it plans, so it may find none. Either way the
+	// rollout finishes.
+	if !fleettest.Eventually(time.Minute, func() bool {
+		out := must("rollout", "show", "1")
+		return strings.Contains(out, rollout.StateSucceeded)
+	}) {
+		t.Fatalf("rollout 1 did not succeed: %s", must("rollout", "show", "1"))
+	}
+	if !fleettest.Eventually(time.Minute, func() bool {
+		a, err := d.Store.GetAgent(t.Context(), ag.UIDString())
+		return err == nil && a.Identifying["role"] == "web"
+	}) {
+		t.Fatal("agent not registered")
+	}
+	must("rollout", "create", "--config", "web", "--bake", "0s", "--waves", "100%")
+	if !fleettest.Eventually(time.Minute, func() bool {
+		return strings.Contains(must("rollout", "show", "2"), "succeeded")
+	}) {
+		t.Fatalf("rollout 2: %s", must("rollout", "show", "2"))
+	}
+	if got := ag.Configs(); len(got) == 0 || got[len(got)-1] != "port: 8080\n" {
+		t.Errorf("agent received %q", got)
+	}
+	if out := must("rollout", "list"); !strings.Contains(out, "0 → 1") || !strings.Contains(out, "1 → 2") {
+		t.Errorf("list: %q", out)
+	}
+	if out, errOut, code := run("rollout", "pause", "2"); code != 1 || !strings.Contains(errOut, "rollout 2 is succeeded") {
+		t.Errorf("pause of a finished rollout: %d %q %q", code, out, errOut)
+	}
+}

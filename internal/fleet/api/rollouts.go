@@ -1,0 +1,373 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/myriarch/myriarch/internal/fleet/configs"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+)
+
+// registerConfigs adds the configuration and rollout endpoints.
+func (a *API) registerConfigs(mux *http.ServeMux) {
+	mux.Handle("GET /api/v1/configs", a.auth(a.listConfigs))
+	mux.Handle("GET /api/v1/configs/{name}", a.auth(a.getConfig))
+	mux.Handle("PUT /api/v1/configs/{name}", a.auth(a.putConfig))
+	mux.Handle("POST /api/v1/configs/{name}/revisions", a.auth(a.addRevision))
+	mux.Handle("GET /api/v1/configs/{name}/revisions/{rev}", a.auth(a.getRevision))
+	mux.Handle("GET /api/v1/configs/{name}/diff", a.auth(a.diff))
+	mux.Handle("GET /api/v1/agents/{uid}/assignment", a.auth(a.assignment))
+	mux.Handle("GET /api/v1/gitops", a.auth(a.gitopsStatus))
+	mux.Handle("GET /api/v1/rollouts", a.auth(a.listRollouts))
+	mux.Handle("POST /api/v1/rollouts", a.auth(a.createRollout))
+	mux.Handle("GET /api/v1/rollouts/{id}", a.auth(a.getRollout))
+	mux.Handle("GET /api/v1/rollouts/{id}/intents", a.auth(a.rolloutIntents))
+	mux.Handle("POST /api/v1/rollouts/{id}/{command}", a.auth(a.rolloutCommand))
+}
+
+// Configs is the configuration service (also used by the UI).
+func (a *API) Configs() configs.Service { return configs.Service{Store: a.o.Store} }
+
+// Rollouts is the rollout service (also used by the UI).
+func (a *API) Rollouts() rollout.Service { return rollout.Service{Store: a.o.Store} }
+
+// serviceErr writes the status that fits err.
+func serviceErr(w http.ResponseWriter, err error, what string) {
+	var inv1 *configs.InvalidError
+	var inv2 *rollout.InvalidError
+	switch {
+	case errors.As(err, &inv1), errors.As(err, &inv2):
+		writeErr(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, store.ErrNotFound):
+		writeErr(w, http.StatusNotFound, "no "+what)
+	case errors.Is(err, rollout.ErrConflict):
+		writeErr(w, http.StatusConflict, err.Error())
+	default:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func (a *API) readJSON(w http.ResponseWriter, r *http.Request, v any, shape string) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, a.o.MaxConfigBytes+4096))
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
+		return false
+	}
+	if int64(len(body)) > a.o.MaxConfigBytes+4095 {
+		writeErr(w, http.StatusRequestEntityTooLarge, "body: larger than "+strconv.FormatInt(a.o.MaxConfigBytes, 10)+" bytes")
+		return false
+	}
+	dec := json.NewDecoder(bytesReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeErr(w, http.StatusBadRequest, "body: must be JSON "+shape+": "+err.Error())
+		return false
+	}
+	return true
+}
+
+// ConfigList is the answer of GET /api/v1/configs.
+type ConfigList struct {
+	Configs []store.ConfigDef `json:"configs"`
+}
+
+func (a *API) listConfigs(w http.ResponseWriter, r *http.Request) {
+	cs, err := store.ListConfigs(r.Context(), a.o.Store.Pool)
+	if err != nil {
+		serviceErr(w, err, "")
+		return
+	}
+	if cs == nil {
+		cs = []store.ConfigDef{}
+	}
+	writeJSON(w, http.StatusOK, ConfigList{Configs: cs})
+}
+
+// ConfigDetail is a configuration with its revisions (newest first).
+type ConfigDetail struct {
+	Config    store.ConfigDef  `json:"config"`
+	Revisions []store.Revision `json:"revisions"`
+}
+
+// ConfigDetail loads a configuration and its revisions (also used by the UI).
+func (a *API) ConfigDetail(ctx context.Context, name string) (ConfigDetail, error) {
+	c, err := store.GetConfig(ctx, a.o.Store.Pool, name)
+	if err != nil {
+		return ConfigDetail{}, err
+	}
+	revs, err := store.Revisions(ctx, a.o.Store.Pool, name)
+	if revs == nil {
+		revs = []store.Revision{}
+	}
+	return ConfigDetail{Config: c, Revisions: revs}, err
+}
+
+func (a *API) getConfig(w http.ResponseWriter, r *http.Request) {
+	d, err := a.ConfigDetail(r.Context(), r.PathValue("name"))
+	if err != nil {
+		serviceErr(w, err, "configuration "+r.PathValue("name"))
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// PutConfigRequest creates or updates a configuration. Selector uses the
+// agents API's syntax: "key=value,key2=value2". (Rollouts started on each
+// new revision are a GitOps feature: its index file sets them.)
+type PutConfigRequest struct {
+	Type     string `json:"type"`
+	Selector string `json:"selector"`
+	Priority int    `json:"priority"`
+}
+
+func (a *API) putConfig(w http.ResponseWriter, r *http.Request) {
+	var req PutConfigRequest
+	if !a.readJSON(w, r, &req, `{"type": "yaml|myriarch-bridge", "selector": "k=v,...", "priority": 0}`) {
+		return
+	}
+	sel, err := store.ParseSelector(req.Selector)
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	name := r.PathValue("name")
+	created, err := a.Configs().Put(r.Context(), store.ConfigDef{Name: name, Type: req.Type, Selector: sel, Priority: req.Priority,
+		Source: "api"})
+	if err != nil {
+		serviceErr(w, err, "configuration "+name)
+		return
+	}
+	d, err := a.ConfigDetail(r.Context(), name)
+	if err != nil {
+		serviceErr(w, err, "configuration "+name)
+		return
+	}
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+	}
+	a.o.Log.Info("configuration stored", "config", name, "created", created, "token", TokenName(r.Context()))
+	writeJSON(w, code, d)
+}
+
+// RevisionRequest adds a revision.
+type RevisionRequest struct {
+	Content string `json:"content"`
+}
+
+// RevisionResult is the answer of POST .../revisions.
+type RevisionResult struct {
+	Revision store.Revision `json:"revision"`
+	// Created is false when the content equals the newest revision.
+	Created bool `json:"created"`
+}
+
+func (a *API) addRevision(w http.ResponseWriter, r *http.Request) {
+	var req RevisionRequest
+	if !a.readJSON(w, r, &req, `{"content": "<text>"}`) {
+		return
+	}
+	name := r.PathValue("name")
+	rev, created, err := a.Configs().AddRevision(r.Context(), name, req.Content, "token "+TokenName(r.Context()), "")
+	if err != nil {
+		serviceErr(w, err, "configuration "+name)
+		return
+	}
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+		a.o.Log.Info("configuration revision stored", "config", name, "revision", rev.Revision, "token", TokenName(r.Context()))
+	}
+	rev.Content = ""
+	writeJSON(w, code, RevisionResult{Revision: rev, Created: created})
+}
+
+func pathInt(w http.ResponseWriter, r *http.Request, key string) (int64, bool) {
+	n, err := strconv.ParseInt(r.PathValue(key), 10, 64)
+	if err != nil || n < 1 {
+		writeErr(w, http.StatusBadRequest, fmt.Sprintf("%s %q: must be a positive integer", key, r.PathValue(key)))
+		return 0, false
+	}
+	return n, true
+}
+
+func (a *API) getRevision(w http.ResponseWriter, r *http.Request) {
+	rev, ok := pathInt(w, r, "rev")
+	if !ok {
+		return
+	}
+	x, err := store.GetRevision(r.Context(), a.o.Store.Pool, r.PathValue("name"), int(rev))
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("revision %d of %s", rev, r.PathValue("name")))
+		return
+	}
+	writeJSON(w, http.StatusOK, x)
+}
+
+// DiffResult is the answer of GET .../diff.
+type DiffResult struct {
+	Config string `json:"config"`
+	From   int    `json:"from"`
+	To     int    `json:"to"`
+	// Diff is a unified diff; empty when the revisions are equal.
+	Diff string `json:"diff"`
+}
+
+// Diff computes the diff between two revisions (also used by the UI).
+func (a *API) Diff(ctx context.Context, name string, from, to int) (DiffResult, error) {
+	x, err := store.GetRevision(ctx, a.o.Store.Pool, name, from)
+	if err != nil {
+		return DiffResult{}, fmt.Errorf("revision %d: %w", from, err)
+	}
+	y, err := store.GetRevision(ctx, a.o.Store.Pool, name, to)
+	if err != nil {
+		return DiffResult{}, fmt.Errorf("revision %d: %w", to, err)
+	}
+	return DiffResult{Config: name, From: from, To: to,
+		Diff: configs.Diff(fmt.Sprintf("%s revision %d", name, from), fmt.Sprintf("%s revision %d", name, to), x.Content, y.Content)}, nil
+}
+
+func (a *API) diff(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	from, err1 := strconv.Atoi(q.Get("from"))
+	to, err2 := strconv.Atoi(q.Get("to"))
+	if err1 != nil || err2 != nil || from < 1 || to < 1 {
+		writeErr(w, http.StatusBadRequest, fmt.Sprintf("from %q, to %q: both must be revision numbers (positive integers)", q.Get("from"), q.Get("to")))
+		return
+	}
+	d, err := a.Diff(r.Context(), r.PathValue("name"), from, to)
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("such revision of %s (%v)", r.PathValue("name"), err))
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (a *API) assignment(w http.ResponseWriter, r *http.Request) {
+	x, err := store.AgentAssignment(r.Context(), a.o.Store.Pool, r.PathValue("uid"))
+	if err != nil {
+		serviceErr(w, err, "agent "+r.PathValue("uid"))
+		return
+	}
+	writeJSON(w, http.StatusOK, x)
+}
+
+// RolloutList is the answer of GET /api/v1/rollouts.
+type RolloutList struct {
+	Rollouts []rollout.Summary `json:"rollouts"`
+}
+
+func (a *API) listRollouts(w http.ResponseWriter, r *http.Request) {
+	limit := 0
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			writeErr(w, http.StatusBadRequest, "limit: must be an integer within [1, 1000]")
+			return
+		}
+		limit = n
+	}
+	rs, err := a.Rollouts().List(r.Context(), r.URL.Query().Get("config"), limit)
+	if err != nil {
+		serviceErr(w, err, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, RolloutList{Rollouts: rs})
+}
+
+func (a *API) createRollout(w http.ResponseWriter, r *http.Request) {
+	var req rollout.Request
+	if !a.readJSON(w, r, &req, `{"config": "<name>", "to_revision": N, "spec": {...}}`) {
+		return
+	}
+	ro, err := a.Rollouts().Create(r.Context(), req, "token "+TokenName(r.Context()))
+	if err != nil {
+		serviceErr(w, err, "")
+		return
+	}
+	a.o.Log.Info("rollout created", "rollout", ro.ID, "config", ro.Config, "from", ro.FromRevision, "to", ro.ToRevision, "token", TokenName(r.Context()))
+	writeJSON(w, http.StatusAccepted, ro)
+}
+
+func (a *API) getRollout(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathInt(w, r, "id")
+	if !ok {
+		return
+	}
+	limit := 1000
+	if l := r.URL.Query().Get("agents"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 100000 {
+			writeErr(w, http.StatusBadRequest, "agents: must be an integer within [1, 100000]")
+			return
+		}
+		limit = n
+	}
+	d, err := a.Rollouts().Detail(r.Context(), id, limit)
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("rollout %d", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (a *API) rolloutIntents(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathInt(w, r, "id")
+	if !ok {
+		return
+	}
+	in, err := a.Rollouts().Intents(r.Context(), id)
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("rollout %d", id))
+		return
+	}
+	if in == nil {
+		in = []rollout.Intent{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"intents": in})
+}
+
+func (a *API) rolloutCommand(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathInt(w, r, "id")
+	if !ok {
+		return
+	}
+	ro, err := a.Rollouts().Command(r.Context(), id, r.PathValue("command"))
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("rollout %d", id))
+		return
+	}
+	a.o.Log.Info("rollout command requested", "rollout", id, "command", r.PathValue("command"), "token", TokenName(r.Context()))
+	writeJSON(w, http.StatusAccepted, ro)
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// Store is the API's store (for the UI's pages of configurations).
+func (a *API) Store() *store.Store { return a.o.Store }
+
+// GitOpsList is the answer of GET /api/v1/gitops: the status of every Git
+// source polled so far.
+type GitOpsList struct {
+	Sources []gitops.Status `json:"sources"`
+}
+
+func (a *API) gitopsStatus(w http.ResponseWriter, r *http.Request) {
+	sts, err := gitops.Statuses(r.Context(), a.o.Store.Pool)
+	if err != nil {
+		serviceErr(w, err, "")
+		return
+	}
+	if sts == nil {
+		sts = []gitops.Status{}
+	}
+	writeJSON(w, http.StatusOK, GitOpsList{Sources: sts})
+}

@@ -1,0 +1,602 @@
+// Package rollout is myriarchd's rollout planner and engine: it takes one
+// configuration from revision A to revision B across the agents assigned
+// to it, wave by wave, behind a health gate.
+//
+// A rollout is created (API, UI, CLI, or GitOps for a configuration that
+// asks for it) in state pending. The engine is a leader job (jobs.Job);
+// each pass takes every active rollout one step in its own term-fenced
+// transaction (InTerm):
+//
+//   - pending: the planner selects the agents assigned to the configuration
+//     (selector and precedence, package configs), refuses the rollout when
+//     one of them belongs to another active rollout, orders them by
+//     instance uid and splits them into the waves of the Spec.
+//   - running: reports are read (APPLIED with the new hash, FAILED, health),
+//     an agent that sees no report within apply_timeout fails, the failure
+//     policy is applied (pause, or roll back to A), and agents of the
+//     current wave are sent the revision, at most max_in_progress at a time;
+//     an agent that is offline at its turn is skipped and reported. The gate
+//     opens the next wave when no agent of the current one is pending or in
+//     progress and every agent that applied has been healthy for bake_s.
+//   - rolling_back: every agent that was sent B is sent A.
+//
+// Operator commands (pause, resume, abort, rollback) are requests stored
+// on the rollout; the engine carries them out in its next fenced step, so
+// every state change of a rollout is a write of the current term.
+//
+// "Sending" an agent a revision is a write of its desired config (the one
+// the OpAMP server of the replica the agent is connected to delivers, after
+// the NOTIFY of the same transaction), preceded in that transaction by an
+// intent row (rollout_intents) with the term. A leader that lost its term
+// cannot commit either, so nothing reaches an agent from an old term after
+// a new one began. A new leader continues from the rows: agents in
+// progress are not sent again, the current wave is finished before the
+// next one starts, and no wave is skipped.
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/myriarch/myriarch/internal/fleet/jobs"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/pgleader"
+)
+
+// Rollout states.
+const (
+	StatePending     = "pending"
+	StateRunning     = "running"
+	StatePaused      = "paused"
+	StateRollingBack = "rolling_back"
+	StateSucceeded   = "succeeded"
+	StateAborted     = "aborted"
+	StateRolledBack  = "rolled_back"
+	StateFailed      = "failed"
+)
+
+// ActiveStates are the states in which the engine works on a rollout.
+var ActiveStates = []string{StatePending, StateRunning, StatePaused, StateRollingBack}
+
+// Agent states within a rollout (the state label of myriarch_rollout_agents).
+const (
+	AgentPending    = "pending"
+	AgentInProgress = "in_progress"
+	AgentApplied    = "applied"
+	AgentFailed     = "failed"
+	AgentSkipped    = "skipped"
+)
+
+// AgentStates lists them in display order.
+var AgentStates = []string{AgentPending, AgentInProgress, AgentApplied, AgentFailed, AgentSkipped}
+
+// Operator commands.
+const (
+	CmdPause    = "pause"
+	CmdResume   = "resume"
+	CmdAbort    = "abort"
+	CmdRollback = "rollback"
+)
+
+// JobName is the name of the engine's leader job.
+const JobName = "rollout_engine"
+
+// InTerm is the one function through which every write of the rollout
+// engine and of GitOps goes: fn runs in a transaction fenced by the current
+// term (jobs.Fence, pgleader's InTerm) and is given that term.
+func InTerm(ctx context.Context, fence jobs.Fence, lockKey int64, fn func(ctx context.Context, tx pgx.Tx, term int64) error) error {
+	return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		var term int64
+		if err := tx.QueryRow(ctx, "SELECT term FROM "+pgx.Identifier{pgleader.TermTable}.Sanitize()+" WHERE lock_key = $1", lockKey).Scan(&term); err != nil {
+			return fmt.Errorf("reading the term: %w", err)
+		}
+		return fn(ctx, tx, term)
+	})
+}
+
+// Rollout is one rollout as stored.
+type Rollout struct {
+	ID           int64  `json:"id"`
+	Config       string `json:"config"`
+	FromRevision int    `json:"from_revision"`
+	ToRevision   int    `json:"to_revision"`
+	Spec         Spec   `json:"spec"`
+	State        string `json:"state"`
+	// Requested is an operator command not carried out yet.
+	Requested string `json:"requested"`
+	// Wave is the current wave, 1-based (0 before planning); Waves the number.
+	Wave           int       `json:"wave"`
+	Waves          int       `json:"waves"`
+	FailedAck      int       `json:"failed_acknowledged"`
+	Reason         string    `json:"reason"`
+	CreatedBy      string    `json:"created_by"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	LastProgressAt time.Time `json:"last_progress_at"`
+	// PlanStartedAt and PlannedAt bracket the planner's work.
+	PlanStartedAt *time.Time `json:"plan_started_at"`
+	PlannedAt     *time.Time `json:"planned_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+	Term          int64      `json:"term"`
+}
+
+const rolloutCols = `id, config, from_revision, to_revision, spec, state, requested, wave, waves, failed_ack, reason, created_by,
+	created_at, updated_at, last_progress_at, plan_started_at, planned_at, finished_at, term`
+
+func scanRollout(row pgx.Row) (Rollout, error) {
+	var r Rollout
+	var spec []byte
+	err := row.Scan(&r.ID, &r.Config, &r.FromRevision, &r.ToRevision, &spec, &r.State, &r.Requested, &r.Wave, &r.Waves, &r.FailedAck,
+		&r.Reason, &r.CreatedBy, &r.CreatedAt, &r.UpdatedAt, &r.LastProgressAt, &r.PlanStartedAt, &r.PlannedAt, &r.FinishedAt, &r.Term)
+	if err != nil {
+		return r, err
+	}
+	err = json.Unmarshal(spec, &r.Spec)
+	return r, err
+}
+
+// Active reports whether the engine still works on the rollout.
+func (r Rollout) Active() bool { return slices.Contains(ActiveStates, r.State) }
+
+// Engine runs rollouts. It is a leader job: see Job.
+type Engine struct {
+	Store *store.Store
+	// LockKey is ha.leaderLockKey (the term row to read).
+	LockKey int64
+	Log     *slog.Logger
+}
+
+// Job is the engine as a leader job that runs every interval.
+func (e *Engine) Job(interval time.Duration) jobs.Job {
+	return jobs.Job{Name: JobName, Interval: interval, Run: e.Run}
+}
+
+// Run takes every active rollout one step, each in its own fenced
+// transaction.
+func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
+	rows, err := e.Store.Pool.Query(ctx, `SELECT id FROM rollouts WHERE state = ANY($1) ORDER BY id`, ActiveStates)
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		err := InTerm(ctx, fence, e.LockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
+			return e.step(ctx, tx, term, id)
+		})
+		if errors.Is(err, pgleader.ErrStaleTerm) || ctx.Err() != nil {
+			return err
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rollout %d: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stepper is one fenced step of one rollout.
+type stepper struct {
+	e        *Engine
+	tx       pgx.Tx
+	term     int64
+	r        *Rollout
+	progress bool
+	to, from store.Revision
+}
+
+func (e *Engine) step(ctx context.Context, tx pgx.Tx, term, id int64) error {
+	r, err := scanRollout(tx.QueryRow(ctx, "SELECT "+rolloutCols+" FROM rollouts WHERE id = $1 FOR UPDATE", id))
+	if err != nil {
+		return err
+	}
+	if !r.Active() {
+		return nil
+	}
+	s := &stepper{e: e, tx: tx, term: term, r: &r}
+	before := r
+	if err := s.command(ctx); err != nil {
+		return err
+	}
+	if s.to, err = store.GetRevision(ctx, tx, r.Config, r.ToRevision); err != nil {
+		return fmt.Errorf("revision %d of %s: %w", r.ToRevision, r.Config, err)
+	}
+	if r.FromRevision > 0 {
+		if s.from, err = store.GetRevision(ctx, tx, r.Config, r.FromRevision); err != nil {
+			return fmt.Errorf("revision %d of %s: %w", r.FromRevision, r.Config, err)
+		}
+	}
+	switch r.State {
+	case StatePending:
+		err = s.plan(ctx)
+	case StateRunning, StatePaused:
+		err = s.run(ctx)
+	case StateRollingBack:
+		err = s.rollback(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	if r.State != before.State || r.Wave != before.Wave || r.Requested != before.Requested {
+		s.progress = true
+		if r.State != before.State {
+			e.log().Info("rollout state changed", "rollout", r.ID, "config", r.Config, "from", before.State, "to", r.State,
+				"reason", r.Reason, "term", term)
+		}
+	}
+	if !s.progress {
+		return nil
+	}
+	_, err = tx.Exec(ctx, `UPDATE rollouts SET state = $2, requested = $3, wave = $4, waves = $5, failed_ack = $6, reason = $7,
+		updated_at = now(), last_progress_at = now(), term = $8,
+		finished_at = CASE WHEN $2 = ANY($9) THEN finished_at ELSE coalesce(finished_at, now()) END
+		WHERE id = $1`, r.ID, r.State, r.Requested, r.Wave, r.Waves, r.FailedAck, r.Reason, term, ActiveStates)
+	return err
+}
+
+func (e *Engine) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Log
+}
+
+// command carries out an operator request.
+func (s *stepper) command(ctx context.Context) error {
+	r := s.r
+	cmd := r.Requested
+	if cmd == "" {
+		return nil
+	}
+	r.Requested = ""
+	switch cmd {
+	case CmdPause:
+		switch r.State {
+		case StatePending:
+			// Planned first, so that a paused rollout shows its waves;
+			// plan pauses it before anything is sent.
+			r.Requested = cmd
+		case StateRunning:
+			r.State, r.Reason = StatePaused, "paused by an operator"
+		}
+	case CmdResume:
+		if r.State == StatePaused {
+			failed, _, err := s.failedCount(ctx)
+			if err != nil {
+				return err
+			}
+			r.State, r.Reason, r.FailedAck = StateRunning, "", failed
+		}
+	case CmdAbort:
+		r.State, r.Reason = StateAborted, "aborted by an operator; agents keep the revision they have"
+	case CmdRollback:
+		if r.State == StateRunning || r.State == StatePaused {
+			if r.FromRevision == 0 {
+				r.Reason = "rollback refused: the rollout has no revision to roll back to"
+			} else {
+				r.State, r.Reason = StateRollingBack, "rollback requested by an operator"
+			}
+		}
+	}
+	return nil
+}
+
+// Selector is the effective selector of a rollout of configuration c.
+func Selector(c store.ConfigDef, sp Spec) map[string]string {
+	sel := maps.Clone(c.Selector)
+	if sel == nil {
+		sel = map[string]string{}
+	}
+	maps.Copy(sel, sp.Selector)
+	return sel
+}
+
+// plan selects and orders the agents and splits them into waves.
+func (s *stepper) plan(ctx context.Context) error {
+	r := s.r
+	var planStart time.Time
+	if err := s.tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&planStart); err != nil {
+		return err
+	}
+	c, err := store.GetConfig(ctx, s.tx, r.Config)
+	if err != nil {
+		return err
+	}
+	if c.DeletedAt != nil {
+		r.State, r.Reason = StateFailed, "the configuration was deleted before the rollout was planned"
+		return nil
+	}
+	rows, err := s.tx.Query(ctx, `SELECT a.instance_uid FROM agents a WHERE a.attrs @> $1 AND `+store.PrecedenceSQL+` = $2
+		ORDER BY a.instance_uid`, Selector(c, r.Spec), r.Config)
+	if err != nil {
+		return err
+	}
+	uids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	var other int64
+	var n int
+	err = s.tx.QueryRow(ctx, `SELECT ra.rollout_id, count(*) FROM rollout_agents ra JOIN rollouts o ON o.id = ra.rollout_id
+		WHERE o.state = ANY($1) AND o.id <> $2 AND ra.instance_uid = ANY($3) GROUP BY 1 ORDER BY 1 LIMIT 1`, ActiveStates, r.ID, uids).Scan(&other, &n)
+	if err == nil {
+		r.State, r.Reason = StateFailed, fmt.Sprintf("refused: %d of its agents belong to active rollout %d (overlapping rollouts are refused)", n, other)
+		return nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	if len(uids) == 0 {
+		r.State, r.Reason = StateSucceeded, "no agent is assigned to the configuration; nothing to do"
+		_, err := s.tx.Exec(ctx, `UPDATE configs SET current_revision = $2 WHERE name = $1`, r.Config, r.ToRevision)
+		return err
+	}
+	sizes := r.Spec.WaveSizes(len(uids))
+	wave, left := 1, sizes[0]
+	_, err = s.tx.CopyFrom(ctx, pgx.Identifier{"rollout_agents"}, []string{"rollout_id", "instance_uid", "wave", "seq", "state"},
+		pgx.CopyFromSlice(len(uids), func(i int) ([]any, error) {
+			if left == 0 {
+				wave++
+				left = sizes[wave-1]
+			}
+			left--
+			return []any{r.ID, uids[i], wave, i + 1, AgentPending}, nil
+		}))
+	if err != nil {
+		return err
+	}
+	waves := make([]int, len(sizes))
+	for i := range sizes {
+		waves[i] = i + 1
+	}
+	if _, err := s.tx.Exec(ctx, `INSERT INTO rollout_waves (rollout_id, wave, size, started_at)
+		SELECT $1, w, sz, CASE WHEN w = 1 THEN now() END FROM unnest($2::int[], $3::int[]) AS v(w, sz)`, r.ID, waves, sizes); err != nil {
+		return err
+	}
+	r.Waves, r.Wave, r.State, r.Reason = len(sizes), 1, StateRunning, ""
+	if _, err := s.tx.Exec(ctx, `UPDATE rollouts SET plan_started_at = $2, planned_at = clock_timestamp() WHERE id = $1`, r.ID, planStart); err != nil {
+		return err
+	}
+	s.e.log().Info("rollout planned", "rollout", r.ID, "config", r.Config, "agents", len(uids), "waves", sizes)
+	if r.Requested == CmdPause {
+		r.Requested, r.State, r.Reason = "", StatePaused, "paused by an operator"
+		return nil
+	}
+	return s.run(ctx)
+}
+
+func (s *stepper) exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := s.tx.Exec(ctx, sql, args...)
+	if tag.RowsAffected() > 0 {
+		s.progress = true
+	}
+	return tag.RowsAffected(), err
+}
+
+func (s *stepper) failedCount(ctx context.Context) (failed, planned int, err error) {
+	err = s.tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'failed'), count(*) FROM rollout_agents WHERE rollout_id = $1`, s.r.ID).
+		Scan(&failed, &planned)
+	return failed, planned, err
+}
+
+// observe reads the agents' reports into the rollout.
+func (s *stepper) observe(ctx context.Context) error {
+	r := s.r
+	if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET
+			state = CASE WHEN a.remote_config_status = 'applied' AND a.healthy IS NOT FALSE THEN 'applied' ELSE 'failed' END,
+			reported_at = now(),
+			healthy_since = CASE WHEN a.remote_config_status = 'applied' AND a.healthy IS NOT FALSE THEN now() END,
+			detail = CASE WHEN a.remote_config_status = 'failed' THEN 'FAILED: ' || a.remote_config_error
+				WHEN a.healthy IS FALSE THEN 'APPLIED but unhealthy: ' || coalesce(a.health->>'last_error', '')
+				ELSE '' END
+		FROM agents a
+		WHERE ra.rollout_id = $1 AND ra.state = 'in_progress' AND a.instance_uid = ra.instance_uid
+			AND a.remote_config_hash = $2 AND a.remote_config_status IN ('applied', 'failed')`, r.ID, s.to.Hash); err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'failed', reported_at = now(),
+			detail = 'no APPLIED or FAILED report within apply_timeout_s (' || $2::text || ' s)'
+		WHERE rollout_id = $1 AND state = 'in_progress' AND sent_at < now() - make_interval(secs => $2)`, r.ID, r.Spec.ApplyTimeoutS); err != nil {
+		return err
+	}
+	// The bake: an agent of the current wave that turns unhealthy fails.
+	_, err := s.exec(ctx, `UPDATE rollout_agents ra SET state = 'failed', healthy_since = NULL,
+			detail = 'unhealthy after applying: ' || coalesce(a.health->>'last_error', '')
+		FROM agents a
+		WHERE ra.rollout_id = $1 AND ra.wave = $2 AND ra.state = 'applied' AND a.instance_uid = ra.instance_uid AND a.healthy IS FALSE`,
+		r.ID, r.Wave)
+	return err
+}
+
+func (s *stepper) run(ctx context.Context) error {
+	r := s.r
+	if err := s.observe(ctx); err != nil {
+		return err
+	}
+	if r.State != StateRunning {
+		return nil
+	}
+	for {
+		failed, planned, err := s.failedCount(ctx)
+		if err != nil {
+			return err
+		}
+		if r.Spec.tooManyFailed(failed-r.FailedAck, planned) {
+			why := fmt.Sprintf("%d of %d agents failed (max_failed %d, max_failed_percent %g)", failed-r.FailedAck, planned,
+				r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
+			switch {
+			case r.Spec.FailurePolicy == PolicyRollback && r.FromRevision > 0:
+				r.State, r.Reason = StateRollingBack, why+"; rolling back to revision "+fmt.Sprint(r.FromRevision)
+				return s.rollback(ctx)
+			case r.Spec.FailurePolicy == PolicyRollback:
+				r.State, r.Reason = StatePaused, why+"; paused: no revision to roll back to"
+			default:
+				r.State, r.Reason = StatePaused, why+"; paused (failure_policy pause)"
+			}
+			return nil
+		}
+		if err := s.dispatch(ctx); err != nil {
+			return err
+		}
+		advanced, err := s.gate(ctx)
+		if err != nil || !advanced || r.State != StateRunning {
+			return err
+		}
+	}
+}
+
+// dispatch sends the revision to the next agents of the current wave.
+func (s *stepper) dispatch(ctx context.Context) error {
+	r := s.r
+	var inProgress int
+	if err := s.tx.QueryRow(ctx, `SELECT count(*) FROM rollout_agents WHERE rollout_id = $1 AND state = 'in_progress'`, r.ID).Scan(&inProgress); err != nil {
+		return err
+	}
+	room := r.Spec.MaxInProgress - inProgress
+	for room > 0 {
+		rows, err := s.tx.Query(ctx, `SELECT ra.instance_uid, coalesce(a.status, 'offline') FROM rollout_agents ra
+			LEFT JOIN agents a ON a.instance_uid = ra.instance_uid
+			WHERE ra.rollout_id = $1 AND ra.wave = $2 AND ra.state = 'pending' ORDER BY ra.seq LIMIT $3`, r.ID, r.Wave, room)
+		if err != nil {
+			return err
+		}
+		var online, offline []string
+		var uid, status string
+		if _, err := pgx.ForEachRow(rows, []any{&uid, &status}, func() error {
+			if status == "online" {
+				online = append(online, uid)
+			} else {
+				offline = append(offline, uid)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if len(online)+len(offline) == 0 {
+			return nil
+		}
+		if len(offline) > 0 {
+			if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'skipped', reported_at = now(), detail = 'offline at its turn'
+				WHERE rollout_id = $1 AND instance_uid = ANY($2)`, r.ID, offline); err != nil {
+				return err
+			}
+		}
+		if len(online) > 0 {
+			if err := s.send(ctx, "apply", s.to, online); err != nil {
+				return err
+			}
+			if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'in_progress', sent_at = now()
+				WHERE rollout_id = $1 AND instance_uid = ANY($2)`, r.ID, online); err != nil {
+				return err
+			}
+		}
+		room -= len(online)
+	}
+	return nil
+}
+
+// send records the intents and sets the desired config of uids to rev, in
+// the fenced transaction; the commit's NOTIFY makes the replicas deliver.
+func (s *stepper) send(ctx context.Context, kind string, rev store.Revision, uids []string) error {
+	r := s.r
+	if _, err := s.exec(ctx, `INSERT INTO rollout_intents (rollout_id, instance_uid, wave, term, kind, revision, hash)
+		SELECT $1, u, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, r.Wave, s.term, kind, rev.Revision, rev.Hash); err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
+		desired_config_name = $4, desired_revision = $5 WHERE instance_uid = ANY($1)`, uids, rev.Content, rev.Hash, r.Config, rev.Revision); err != nil {
+		return err
+	}
+	_, err := s.tx.Exec(ctx, `SELECT pg_notify($1, u) FROM unnest($2::text[]) AS u`, store.NotifyChannel, uids)
+	return err
+}
+
+// gate opens the next wave when the current one is done and baked.
+func (s *stepper) gate(ctx context.Context) (bool, error) {
+	r := s.r
+	var open, baking int
+	if err := s.tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'in_progress')),
+			count(*) FILTER (WHERE state = 'applied' AND (healthy_since IS NULL OR healthy_since > now() - make_interval(secs => $3)))
+		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave, r.Spec.Bake().Seconds()).Scan(&open, &baking); err != nil {
+		return false, err
+	}
+	if open > 0 {
+		return false, nil
+	}
+	if _, err := s.exec(ctx, `UPDATE rollout_waves SET completed_at = now() WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL`, r.ID, r.Wave); err != nil {
+		return false, err
+	}
+	if baking > 0 {
+		return false, nil
+	}
+	if _, err := s.exec(ctx, `UPDATE rollout_waves SET gate_passed_at = now() WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave); err != nil {
+		return false, err
+	}
+	if r.Wave >= r.Waves {
+		r.State, r.Reason = StateSucceeded, ""
+		_, err := s.tx.Exec(ctx, `UPDATE configs SET current_revision = $2 WHERE name = $1`, r.Config, r.ToRevision)
+		return false, err
+	}
+	r.Wave++
+	s.progress = true
+	_, err := s.tx.Exec(ctx, `UPDATE rollout_waves SET started_at = now() WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave)
+	return true, err
+}
+
+// rollback sends revision A to every agent that was sent B and waits for
+// their reports.
+func (s *stepper) rollback(ctx context.Context) error {
+	r := s.r
+	if r.FromRevision == 0 {
+		r.State, r.Reason = StatePaused, "cannot roll back: no revision to roll back to"
+		return nil
+	}
+	if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET rollback = CASE WHEN a.remote_config_status = 'applied' THEN 'applied' ELSE 'failed' END
+		FROM agents a WHERE ra.rollout_id = $1 AND ra.rollback = 'sent' AND a.instance_uid = ra.instance_uid
+			AND a.remote_config_hash = $2 AND a.remote_config_status IN ('applied', 'failed')`, r.ID, s.from.Hash); err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, `UPDATE rollout_agents SET rollback = 'failed'
+		WHERE rollout_id = $1 AND rollback = 'sent' AND rollback_at < now() - make_interval(secs => $2)`, r.ID, r.Spec.ApplyTimeoutS); err != nil {
+		return err
+	}
+	rows, err := s.tx.Query(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND rollback = ''
+		AND state IN ('applied', 'in_progress', 'failed') ORDER BY seq`, r.ID)
+	if err != nil {
+		return err
+	}
+	uids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(uids) > 0 {
+		if err := s.send(ctx, "rollback", s.from, uids); err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, `UPDATE rollout_agents SET rollback = 'sent', rollback_at = now() WHERE rollout_id = $1 AND instance_uid = ANY($2)`,
+			r.ID, uids); err != nil {
+			return err
+		}
+		return nil
+	}
+	var sent int
+	if err := s.tx.QueryRow(ctx, `SELECT count(*) FROM rollout_agents WHERE rollout_id = $1 AND rollback = 'sent'`, r.ID).Scan(&sent); err != nil {
+		return err
+	}
+	if sent == 0 {
+		r.State = StateRolledBack
+		_, err := s.tx.Exec(ctx, `UPDATE configs SET current_revision = $2 WHERE name = $1`, r.Config, r.FromRevision)
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,233 @@
+package ui
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/configs"
+	"github.com/myriarch/myriarch/internal/fleet/gitops"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+)
+
+// mountRollouts adds the configuration and rollout pages. Unlike the other
+// pages they also change state (create, pause, resume, abort, roll back),
+// through the same services as the REST API, as the logged-in token.
+func (h *handler) mountRollouts(mux *http.ServeMux) {
+	mux.HandleFunc("GET /ui/configs", h.auth(h.configs))
+	mux.HandleFunc("GET /ui/configs/{name}", h.auth(h.config))
+	mux.HandleFunc("GET /ui/rollouts", h.auth(h.rollouts))
+	mux.HandleFunc("POST /ui/rollouts", h.auth(h.createRollout))
+	mux.HandleFunc("GET /ui/rollouts/{id}", h.auth(h.rollout))
+	mux.HandleFunc("POST /ui/rollouts/{id}/{command}", h.auth(h.rolloutCommand))
+}
+
+// who names the logged-in token (created_by of a rollout).
+func (h *handler) who(r *http.Request) string {
+	c, err := r.Cookie(CookieName)
+	if err != nil {
+		return "ui"
+	}
+	name, _ := h.a.Authenticate(r.Context(), c.Value)
+	return "ui (token " + name + ")"
+}
+
+func (h *handler) configs(w http.ResponseWriter, r *http.Request) {
+	cs, err := store.ListConfigs(r.Context(), h.a.Store().Pool)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	srcs, err := gitops.Statuses(r.Context(), h.a.Store().Pool)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	h.render(w, r, "configs", "Configurations", struct {
+		Configs []store.ConfigDef
+		GitOps  []gitops.Status
+	}{cs, srcs})
+}
+
+type configData struct {
+	api.ConfigDetail
+	Selector string
+	Shown    store.Revision
+	Diff     *api.DiffResult
+	From, To int
+	Error    string
+	Defaults rollout.Spec
+}
+
+func (h *handler) config(w http.ResponseWriter, r *http.Request) {
+	h.renderConfig(w, r, r.PathValue("name"), "")
+}
+
+func (h *handler) renderConfig(w http.ResponseWriter, r *http.Request, name, formErr string) {
+	ctx := r.Context()
+	cd, err := h.a.ConfigDetail(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		http.Error(w, "no configuration "+name, http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	d := configData{ConfigDetail: cd, Selector: configs.FormatSelector(cd.Config.Selector), Error: formErr,
+		Defaults: rollout.Spec{}.WithDefaults()}
+	q := r.URL.Query()
+	show := cd.Config.LatestRevision
+	if n, err := strconv.Atoi(q.Get("revision")); err == nil {
+		show = n
+	}
+	if show > 0 {
+		if d.Shown, err = store.GetRevision(ctx, h.a.Store().Pool, name, show); err != nil && !errors.Is(err, store.ErrNotFound) {
+			h.fail(w, err)
+			return
+		}
+	}
+	d.From, d.To = cd.Config.LatestRevision-1, cd.Config.LatestRevision
+	if f, err := strconv.Atoi(q.Get("from")); err == nil {
+		d.From = f
+	}
+	if t, err := strconv.Atoi(q.Get("to")); err == nil {
+		d.To = t
+	}
+	if q.Has("from") || q.Has("to") {
+		df, err := h.a.Diff(ctx, name, d.From, d.To)
+		if err != nil {
+			d.Error = err.Error()
+		} else {
+			d.Diff = &df
+		}
+	}
+	if formErr != "" {
+		w.WriteHeader(http.StatusBadRequest)
+	}
+	h.render(w, r, "config", "Configuration "+name, d)
+}
+
+type rolloutsData struct {
+	Rollouts []rollout.Summary
+	Refresh  bool
+}
+
+func (h *handler) rollouts(w http.ResponseWriter, r *http.Request) {
+	rs, err := h.a.Rollouts().List(r.Context(), r.URL.Query().Get("config"), 100)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	d := rolloutsData{Rollouts: rs}
+	for _, x := range rs {
+		if x.Active() {
+			d.Refresh = true
+		}
+	}
+	h.renderRefresh(w, r, "rollouts", "Rollouts", d, d.Refresh && r.URL.Query().Get("refresh") != "0")
+}
+
+func (h *handler) createRollout(w http.ResponseWriter, r *http.Request) {
+	name := r.PostFormValue("config")
+	req, err := rolloutForm(r)
+	if err == nil {
+		var ro rollout.Rollout
+		ro, err = h.a.Rollouts().Create(r.Context(), req, h.who(r))
+		if err == nil {
+			http.Redirect(w, r, fmt.Sprintf("/ui/rollouts/%d", ro.ID), http.StatusSeeOther)
+			return
+		}
+	}
+	h.renderConfig(w, r, name, err.Error())
+}
+
+// rolloutForm reads the create form of the configuration page.
+func rolloutForm(r *http.Request) (rollout.Request, error) {
+	f := func(k string) string { return strings.TrimSpace(r.PostFormValue(k)) }
+	req := rollout.Request{Config: f("config")}
+	var errs []error
+	atoi := func(k string, dst *int) {
+		if v := f(k); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %q: must be an integer", k, v))
+			}
+			*dst = n
+		}
+	}
+	dur := func(k string) *float64 {
+		v := f(k)
+		if v == "" {
+			return nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: must be a duration such as 30s or 2m", k, v))
+			return nil
+		}
+		return rollout.Secs(d.Seconds())
+	}
+	atoi("to_revision", &req.ToRevision)
+	atoi("max_in_progress", &req.Spec.MaxInProgress)
+	atoi("max_failed", &req.Spec.MaxFailed)
+	req.Spec.BakeS = dur("bake")
+	if at := dur("apply_timeout"); at != nil {
+		req.Spec.ApplyTimeoutS = *at
+	}
+	if v := f("waves"); v != "" {
+		for w := range strings.SplitSeq(v, ",") {
+			req.Spec.Waves = append(req.Spec.Waves, strings.TrimSpace(w))
+		}
+	}
+	req.Spec.FailurePolicy = f("failure_policy")
+	return req, errors.Join(errs...)
+}
+
+type rolloutData struct {
+	rollout.Detail
+	CanPause, CanResume, CanRollback, CanAbort bool
+	// Live: the page reloads itself (an active rollout, unless ?refresh=0).
+	Live bool
+}
+
+func (h *handler) rollout(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		http.Error(w, "no rollout "+r.PathValue("id"), http.StatusNotFound)
+		return
+	}
+	d, err := h.a.Rollouts().Detail(r.Context(), id, 1000)
+	if errors.Is(err, store.ErrNotFound) {
+		http.Error(w, "no rollout "+r.PathValue("id"), http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	rd := rolloutData{Detail: d, CanPause: d.State == rollout.StateRunning || d.State == rollout.StatePending,
+		CanResume: d.State == rollout.StatePaused, CanRollback: (d.State == rollout.StateRunning || d.State == rollout.StatePaused) && d.FromRevision > 0,
+		CanAbort: d.Active()}
+	rd.Live = d.Active() && r.URL.Query().Get("refresh") != "0"
+	h.renderRefresh(w, r, "rollout", fmt.Sprintf("Rollout %d", id), rd, rd.Live)
+}
+
+func (h *handler) rolloutCommand(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		http.Error(w, "no rollout "+r.PathValue("id"), http.StatusNotFound)
+		return
+	}
+	if _, err := h.a.Rollouts().Command(r.Context(), id, r.PathValue("command")); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	h.log.Info("rollout command from the UI", "rollout", id, "command", r.PathValue("command"), "by", h.who(r))
+	http.Redirect(w, r, fmt.Sprintf("/ui/rollouts/%d", id), http.StatusSeeOther)
+}
