@@ -24,6 +24,7 @@ func (a *API) registerPackages(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/releases", a.auth(a.listReleases))
 	mux.Handle("GET /api/v1/artifacts", a.auth(a.listArtifacts))
 	mux.Handle("GET /api/v1/packages/versions", a.auth(a.packageVersions))
+	mux.Handle("POST /api/v1/packages/{name}/offers", a.auth(a.offerPackage))
 }
 
 // SoftwareView is what the API and the UI show about agent software.
@@ -139,4 +140,34 @@ func nonNil[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+// OfferRequest is the body of POST /api/v1/packages/{name}/offers.
+type OfferRequest struct {
+	Version string   `json:"version"`
+	Agents  []string `json:"agents"`
+}
+
+func (a *API) offerPackage(w http.ResponseWriter, r *http.Request) {
+	var req OfferRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	if req.Version == "" {
+		writeErr(w, http.StatusBadRequest, `version "": must name a recorded release (GET /api/v1/packages/{name}/releases)`)
+		return
+	}
+	offers, err := artifacts.OfferVersion(r.Context(), a.o.Store.Pool, r.PathValue("name"), req.Version, req.Agents, tokenRef(r.Context()))
+	switch {
+	case errors.Is(err, artifacts.ErrNotOfferable):
+		writeErr(w, http.StatusConflict, err.Error())
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	default:
+		a.o.Log.Info("package offered", "package", r.PathValue("name"), "version", req.Version, "agents", len(offers), "by", tokenRef(r.Context()))
+		writeJSON(w, http.StatusOK, map[string]any{"offers": offers})
+	}
 }

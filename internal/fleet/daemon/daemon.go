@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,7 +132,8 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	}
 	d.batcher = lastseen.New(d.Store, cfg.Server.LastSeenFlushInterval, d.log, d.Reg)
 	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
-		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg})
+		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
+		Packages: artifacts.OfferSource{Pool: d.Store.Pool, BaseURL: d.ArtifactBaseURL, Auth: "Bearer " + cfg.Server.EnrollmentSecret}})
 
 	var runner *jobs.Runner
 	d.Elector, err = pgleader.New(pgleader.Config{
@@ -230,6 +232,25 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 // the agents' enrollment secret, as on the OpAMP endpoint.
 func AgentAuth(cfg *config.Config) artifacts.AgentAuthorizer {
 	return artifacts.EnrollmentSecretAuth(cfg.Server.EnrollmentSecret)
+}
+
+// ArtifactBaseURL is the base of the download URLs offered to agents:
+// artifacts.publicUrl, or http:// and the address of the HTTP listener (the
+// host name for a listener on all addresses).
+func (d *Daemon) ArtifactBaseURL() string {
+	if d.cfg.Artifacts.PublicURL != "" {
+		return d.cfg.Artifacts.PublicURL
+	}
+	if d.httpAddr == nil {
+		return ""
+	}
+	host, port, _ := net.SplitHostPort(d.httpAddr.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // OpAMPAddr and HTTPAddr are the bound listen addresses.
