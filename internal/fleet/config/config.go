@@ -122,6 +122,10 @@ type Artifacts struct {
 	KeepVersions int64
 	// PublicURL is the base URL agents download artifacts from.
 	PublicURL string
+	// GitHubAPIURL is the GitHub (Enterprise) API of github package sources.
+	GitHubAPIURL string
+	// GitHubToken authenticates the release tracker to GitHub.
+	GitHubToken string
 }
 
 // Log is the logging.
@@ -275,6 +279,12 @@ var Settings = []Setting{
 			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
 		},
 		func(c *Config) *string { return &c.Artifacts.PublicURL }),
+	strSetting("artifacts.githubApiUrl", "", "must be empty or an http:// or https:// URL",
+		"API of the github package sources: empty is api.github.com; for GitHub Enterprise https://<host>/api/v3/.",
+		func(s string) bool { return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") },
+		func(c *Config) *string { return &c.Artifacts.GitHubAPIURL }),
+	strSetting("artifacts.githubToken", "", "", "Token of the release tracker for the GitHub API (raises the rate limit, reads private repositories' release lists); prefer the environment variable.", nil,
+		func(c *Config) *string { return &c.Artifacts.GitHubToken }),
 	durSetting("jobs.rolloutInterval", "2s", 100*time.Millisecond, time.Minute,
 		"Interval of the rollout planner and engine (leader only): how often each active rollout takes a step (reads reports, sends the next agents, opens the next wave).",
 		func(c *Config) *time.Duration { return &c.Jobs.RolloutInterval }),

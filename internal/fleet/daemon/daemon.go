@@ -151,7 +151,12 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		return nil, err
 	}
 	termOf := func() int64 { _, t, _ := d.Elector.LeaderContext(); return t }
-	tracker := releases.NewTracker(d.Store.Pool, map[string]releases.Lister{releases.TypeOCI: releases.OCILister{}}, termOf, d.log, d.Reg)
+	gh, err := releases.NewGitHubLister(cfg.Artifacts.GitHubAPIURL, cfg.Artifacts.GitHubToken, nil)
+	if err != nil {
+		return nil, fmt.Errorf("artifacts.githubApiUrl: %w", err)
+	}
+	tracker := releases.NewTracker(d.Store.Pool, map[string]releases.Lister{releases.TypeOCI: releases.OCILister{}, releases.TypeGitHub: gh},
+		termOf, d.log, d.Reg)
 	prefetch := artifacts.New(artifacts.Options{Pool: d.Store.Pool, FenceTx: d.Elector.Fence, TermOf: termOf, Replica: cfg.HA.ReplicaID,
 		Keep: int(cfg.Artifacts.KeepVersions), Log: d.log, Registerer: d.Reg})
 	leaderJobs := []jobs.Job{

@@ -14,6 +14,9 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 )
 
+// PollTimeout bounds the listing of one source.
+const PollTimeout = 5 * time.Minute
+
 // Lister lists the new releases of one source.
 type Lister interface {
 	List(ctx context.Context, src Source, known func(version string) bool) ([]Release, error)
@@ -89,7 +92,9 @@ func (t *Tracker) poll(ctx context.Context, fence jobs.Fence, s Source) error {
 		return err
 	}
 	t.mPolls.WithLabelValues(s.Name).Inc()
-	rels, lerr := l.List(ctx, s, func(v string) bool { return known[v] })
+	lctx, cancel := context.WithTimeout(ctx, PollTimeout)
+	rels, lerr := l.List(lctx, s, func(v string) bool { return known[v] })
+	cancel()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
