@@ -281,7 +281,9 @@ var Settings = []Setting{
 		func(c *Config) *string { return &c.Artifacts.PublicURL }),
 	strSetting("artifacts.githubApiUrl", "", "must be empty or an http:// or https:// URL",
 		"API of the github package sources: empty is api.github.com; for GitHub Enterprise https://<host>/api/v3/.",
-		func(s string) bool { return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") },
+		func(s string) bool {
+			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
+		},
 		func(c *Config) *string { return &c.Artifacts.GitHubAPIURL }),
 	strSetting("artifacts.githubToken", "", "", "Token of the release tracker for the GitHub API (raises the rate limit, reads private repositories' release lists); prefer the environment variable.", nil,
 		func(c *Config) *string { return &c.Artifacts.GitHubToken }),
