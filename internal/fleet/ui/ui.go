@@ -47,7 +47,7 @@ var pages = func() map[string]*template.Template {
 			return *f
 		}}
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "overview", "agents", "agent", "cluster", "configs", "config", "rollouts", "rollout"} {
+	for _, p := range []string{"login", "overview", "agents", "agent", "cluster", "configs", "config", "rollouts", "rollout", "software"} {
 		out[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html"))
 	}
 	return out
@@ -82,6 +82,7 @@ func Mount(mux *http.ServeMux, a *api.API) {
 	mux.HandleFunc("GET /ui/cluster", h.auth(h.cluster))
 	h.mountAgentActions(mux)
 	h.mountRollouts(mux)
+	h.mountSoftware(mux)
 }
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
