@@ -25,6 +25,7 @@ func (a *API) registerPackages(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/artifacts", a.auth(a.listArtifacts))
 	mux.Handle("GET /api/v1/packages/versions", a.auth(a.packageVersions))
 	mux.Handle("POST /api/v1/packages/{name}/offers", a.auth(a.offerPackage))
+	a.registerPackageRollouts(mux)
 }
 
 // SoftwareView is what the API and the UI show about agent software.

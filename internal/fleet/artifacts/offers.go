@@ -61,40 +61,50 @@ func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var out []Offer
 	for _, uid := range uids {
-		var os, arch string
-		err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')) FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("%w: agent %q: no such agent", ErrNotOfferable, uid)
-		}
+		o, err := OfferTx(ctx, tx, pkg, version, uid, by)
 		if err != nil {
-			return nil, err
-		}
-		o := Offer{InstanceUID: uid, Package: pkg, Version: version}
-		var stored bool
-		err = tx.QueryRow(ctx, `SELECT a.name, a.digest, a.signature, EXISTS (SELECT 1 FROM artifact_blobs b WHERE b.digest = a.digest)
-			FROM package_assets a WHERE a.package = $1 AND a.version = $2 AND ((a.os = $3 AND a.arch = $4) OR a.os = '')
-			ORDER BY a.os DESC, a.name LIMIT 1`, pkg, version, os, arch).Scan(&o.Asset, &o.Digest, &o.Signature, &stored)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("%w: %s %s has no asset for agent %s (platform %q)", ErrNotOfferable, pkg, version, uid, os+"/"+arch)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if !stored {
-			return nil, fmt.Errorf("%w: asset %s of %s %s (%s) is not prefetched yet; see GET /api/v1/artifacts", ErrNotOfferable, o.Asset, pkg, version, o.Digest)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO agent_package_offers (instance_uid, package, version, asset, digest, signature, offered_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)
-			ON CONFLICT (instance_uid, package) DO UPDATE SET version = $3, asset = $4, digest = $5, signature = $6, offered_by = $7,
-				offered_at = now(), sent_conn = '', sent_at = NULL`, uid, pkg, version, o.Asset, o.Digest, o.Signature, by); err != nil {
-			return nil, err
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, store.NotifyChannel, opampserver.PackagesNotifyPrefix+uid); err != nil {
 			return nil, err
 		}
 		out = append(out, o)
 	}
 	return out, tx.Commit(ctx)
+}
+
+// OfferTx records, inside tx, the offer of version of pkg to agent uid and
+// notifies the replica the agent is connected to when tx commits.
+func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offer, error) {
+	var os, arch string
+	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')) FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Offer{}, fmt.Errorf("%w: agent %q: no such agent", ErrNotOfferable, uid)
+	}
+	if err != nil {
+		return Offer{}, err
+	}
+	o := Offer{InstanceUID: uid, Package: pkg, Version: version}
+	var stored bool
+	err = tx.QueryRow(ctx, `SELECT a.name, a.digest, a.signature, EXISTS (SELECT 1 FROM artifact_blobs b WHERE b.digest = a.digest)
+		FROM package_assets a WHERE a.package = $1 AND a.version = $2 AND ((a.os = $3 AND a.arch = $4) OR a.os = '')
+		ORDER BY a.os DESC, a.name LIMIT 1`, pkg, version, os, arch).Scan(&o.Asset, &o.Digest, &o.Signature, &stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Offer{}, fmt.Errorf("%w: %s %s has no asset for agent %s (platform %q)", ErrNotOfferable, pkg, version, uid, os+"/"+arch)
+	}
+	if err != nil {
+		return Offer{}, err
+	}
+	if !stored {
+		return Offer{}, fmt.Errorf("%w: asset %s of %s %s (%s) is not prefetched yet; see GET /api/v1/artifacts", ErrNotOfferable, o.Asset, pkg, version, o.Digest)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO agent_package_offers (instance_uid, package, version, asset, digest, signature, offered_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (instance_uid, package) DO UPDATE SET version = $3, asset = $4, digest = $5, signature = $6, offered_by = $7,
+			offered_at = now(), sent_conn = '', sent_at = NULL`, uid, pkg, version, o.Asset, o.Digest, o.Signature, by); err != nil {
+		return Offer{}, err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, store.NotifyChannel, opampserver.PackagesNotifyPrefix+uid); err != nil {
+		return Offer{}, err
+	}
+	return o, nil
 }
 
 // Offers returns the offers of the agents uids, by agent.

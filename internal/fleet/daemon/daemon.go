@@ -40,6 +40,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
 )
@@ -165,6 +166,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 		tracker.Job(cfg.Jobs.ReleaseTrackerInterval),
 		prefetch.Job(cfg.Jobs.ArtifactPrefetchInterval),
+		(&upgrades.Engine{Pool: d.Store.Pool, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 	}
 	var poller *gitops.Poller
 	if g := cfg.GitOps; g.RepoURL != "" {

@@ -30,6 +30,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/releases/ocitest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
@@ -140,7 +141,7 @@ func (p *pkgStore) Content(name string) []byte {
 
 // startPkgAgent starts an opamp-go WebSocket agent on linux/amd64 that
 // accepts packages and reports their statuses.
-func startPkgAgent(t *testing.T, opampURL string, ps *pkgStore) (opampclient.OpAMPClient, string) {
+func startPkgAgent(t *testing.T, opampURL string, ps *pkgStore, extra ...string) (opampclient.OpAMPClient, string) {
 	t.Helper()
 	var uid types.InstanceUid
 	_, _ = rand.Read(uid[:])
@@ -151,7 +152,7 @@ func startPkgAgent(t *testing.T, opampURL string, ps *pkgStore) (opampclient.OpA
 		return &protobufs.KeyValue{Key: k, Value: &protobufs.AnyValue{Value: &protobufs.AnyValue_StringValue{StringValue: v}}}
 	}
 	if err := c.SetAgentDescription(&protobufs.AgentDescription{IdentifyingAttributes: []*protobufs.KeyValue{kv("service.name", "pkg-agent")},
-		NonIdentifyingAttributes: []*protobufs.KeyValue{kv("os.type", "linux"), kv("host.arch", "amd64")}}); err != nil {
+		NonIdentifyingAttributes: append([]*protobufs.KeyValue{kv("os.type", "linux"), kv("host.arch", "amd64")}, extraKVs(extra)...)}); err != nil {
 		t.Fatal(err)
 	}
 	caps := protobufs.AgentCapabilities_AgentCapabilities_ReportsStatus | protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages |
@@ -348,4 +349,192 @@ func TestReleaseFlowsFromRegistryToAnInstalledAgentPackage(t *testing.T) {
 	if code := ca.do(t, "POST", "/api/v1/packages/otelcol/offers", fmt.Sprintf(`{"version":"v9.9.9","agents":[%q]}`, uidGood), nil); code != 409 {
 		t.Fatalf("unknown version: %d", code)
 	}
+}
+
+func extraKVs(kv []string) []*protobufs.KeyValue {
+	var out []*protobufs.KeyValue
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, &protobufs.KeyValue{Key: kv[i], Value: &protobufs.AnyValue{Value: &protobufs.AnyValue_StringValue{StringValue: kv[i+1]}}})
+	}
+	return out
+}
+
+type softwareEnv struct {
+	reg    *ocitest.Registry
+	a, b   *Daemon
+	ca, cb client
+	pub    ed25519.PublicKey
+	priv   ed25519.PrivateKey
+}
+
+// startSoftwareEnv starts a registry and two replicas; replica-b offers
+// downloads through a proxy that corrupts them.
+func startSoftwareEnv(t *testing.T, extra map[string]string) *softwareEnv {
+	t.Helper()
+	e := &softwareEnv{reg: ocitest.Start(t)}
+	pg := pgtest.New(t)
+	e.pub, e.priv, _ = ed25519.GenerateKey(nil)
+	proxy := &corruptingProxy{}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	psrv := &http.Server{Handler: proxy, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = psrv.Serve(pl) }()
+	t.Cleanup(func() { psrv.Close() })
+	fast := map[string]string{"jobs.releaseTrackerInterval": "1s", "jobs.artifactPrefetchInterval": "1s", "agents.reconcileInterval": "1s"}
+	for k, v := range extra {
+		fast[k] = v
+	}
+	e.a = start(t, testConfig(t, pg.DSN(""), "replica-a", fast), nil)
+	t.Cleanup(func() { e.a.Shutdown() })
+	fastB := map[string]string{"artifacts.publicUrl": "http://" + pl.Addr().String()}
+	for k, v := range fast {
+		fastB[k] = v
+	}
+	e.b = start(t, testConfig(t, pg.DSN(""), "replica-b", fastB), nil)
+	t.Cleanup(func() { e.b.Shutdown() })
+	bURL, _ := url.Parse("http://" + e.b.HTTPAddr().String())
+	proxy.target.Store(bURL)
+	tok, err := e.a.Store.CreateToken(context.Background(), "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ca = client{base: "http://" + e.a.HTTPAddr().String(), token: tok}
+	e.cb = client{base: "http://" + e.b.HTTPAddr().String(), token: tok}
+	body := fmt.Sprintf(`{"type":"oci","source":%q,"poll_interval":"1s","public_key":%q}`, e.reg.Repo("agents/otelcol"), base64.StdEncoding.EncodeToString(e.pub))
+	if code := e.ca.do(t, "PUT", "/api/v1/packages/otelcol", body, nil); code != 200 {
+		t.Fatalf("put package: %d", code)
+	}
+	return e
+}
+
+// release pushes a signed linux/amd64 build and waits until it is stored.
+func (e *softwareEnv) release(t *testing.T, version string) []byte {
+	t.Helper()
+	data := bytes.Repeat([]byte("otelcol "+version+" linux/amd64 "), 10_000)
+	sum := sha256.Sum256(data)
+	digest := "sha256:" + hex.EncodeToString(sum[:])
+	sig := base64.StdEncoding.EncodeToString(ed25519.Sign(e.priv, []byte(digest)))
+	if err := e.reg.Push(context.Background(), "agents/otelcol", version, []ocitest.File{{Name: "otelcol_linux_amd64.tar.gz", Data: data, Signature: sig}}); err != nil {
+		t.Fatal(err)
+	}
+	if !fleettest.Eventually(60*time.Second, func() bool {
+		var arts struct {
+			Blobs []artifacts.Blob `json:"blobs"`
+		}
+		e.ca.do(t, "GET", "/api/v1/artifacts", "", &arts)
+		for _, b := range arts.Blobs {
+			if b.Digest == digest {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("%s not prefetched", version)
+	}
+	return data
+}
+
+func (e *softwareEnv) waitRollout(t *testing.T, id int64, state string) upgrades.Rollout {
+	t.Helper()
+	var got upgrades.Rollout
+	if !fleettest.Eventually(90*time.Second, func() bool {
+		var l struct {
+			Rollouts []upgrades.Rollout `json:"rollouts"`
+		}
+		e.ca.do(t, "GET", "/api/v1/package-rollouts", "", &l)
+		for _, r := range l.Rollouts {
+			if r.ID == id {
+				got = r
+			}
+		}
+		return got.State == state
+	}) {
+		t.Fatalf("package rollout %d: want %s, got %+v", id, state, got)
+	}
+	return got
+}
+
+// Upgrades are rollouts: waves behind the gate of package statuses, and a
+// failed install (a corrupted download) rolls the others back to their
+// previous version.
+func TestPackageUpgradeRolloutInWavesAndRollback(t *testing.T) {
+	e := startSoftwareEnv(t, map[string]string{"jobs.rolloutInterval": "200ms"})
+	wsA := "ws://" + e.a.OpAMPAddr().String() + "/v1/opamp"
+	g1, g2, bad := newPkgStore(e.pub), newPkgStore(e.pub), newPkgStore(e.pub)
+	_, uid1 := startPkgAgent(t, wsA, g1, "ring", "good")
+	_, uid2 := startPkgAgent(t, wsA, g2, "ring", "good")
+	_, uidBad := startPkgAgent(t, "ws://"+e.b.OpAMPAddr().String()+"/v1/opamp", bad, "ring", "behind-broken-proxy")
+	v1 := e.release(t, "v1.0.0")
+
+	// v1.0.0 to the good ring: a canary of one, then the rest after a bake.
+	var ro upgrades.Rollout
+	if code := e.ca.do(t, "POST", "/api/v1/packages/otelcol/rollouts", `{"version":"v1.0.0","waves":["1","100%"],"bake_s":1,"apply_timeout_s":60,"selector":{"ring":"good"}}`, &ro); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	done := e.waitRollout(t, ro.ID, upgrades.StateSucceeded)
+	if done.Waves != 2 || done.Counts[upgrades.AgentInstalled] != 2 {
+		t.Fatalf("rollout: %+v", done)
+	}
+	for _, u := range []string{uid1, uid2} {
+		if st := packageStatus(t, e.ca, u, "otelcol"); st.AgentHasVersion != "v1.0.0" {
+			t.Fatalf("%s: %+v", u, st)
+		}
+	}
+	if !bytes.Equal(g1.Content("otelcol"), v1) || bad.Content("otelcol") != nil {
+		t.Fatal("contents")
+	}
+	// Waves in order: the canary (first uid) installed before the other was sent.
+	var first, second time.Time
+	first, second = installedAt(t, e, ro.ID, min(uid1, uid2)), sentAt(t, e, ro.ID, max(uid1, uid2))
+	if !second.After(first) {
+		t.Fatalf("second wave sent at %s, before the canary installed at %s", second, first)
+	}
+
+	// v1.1.0 to everyone; the agent behind the broken proxy fails, which
+	// rolls the good ones back to v1.0.0.
+	e.release(t, "v1.1.0")
+	if code := e.ca.do(t, "POST", "/api/v1/packages/otelcol/rollouts", `{"version":"v1.1.0","waves":["100%"],"bake_s":30,"apply_timeout_s":60,"failure_policy":"rollback","max_failed":0}`, &ro); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	rb := e.waitRollout(t, ro.ID, upgrades.StateRolledBack)
+	if !strings.Contains(rb.Reason, "1 agents failed") {
+		t.Fatalf("reason: %+v", rb)
+	}
+	for _, u := range []string{uid1, uid2} {
+		var st pkgStatus
+		if !fleettest.Eventually(60*time.Second, func() bool {
+			st = packageStatus(t, e.ca, u, "otelcol")
+			return st.AgentHasVersion == "v1.0.0" && st.Status == "PackageStatusEnum_Installed"
+		}) {
+			t.Fatalf("%s not back on v1.0.0: %+v", u, st)
+		}
+	}
+	if !bytes.Equal(g2.Content("otelcol"), v1) {
+		t.Fatal("g2 does not run the v1.0.0 build again")
+	}
+	if st := packageStatus(t, e.ca, uidBad, "otelcol"); st.AgentHasVersion == "v1.1.0" {
+		t.Fatalf("bad agent: %+v", st)
+	}
+	// An invalid spec is refused with the field named.
+	if code := e.ca.do(t, "POST", "/api/v1/packages/otelcol/rollouts", `{"version":"v1.1.0","failure_policy":"explode"}`, nil); code != 400 {
+		t.Fatalf("invalid spec: %d", code)
+	}
+}
+
+func installedAt(t *testing.T, e *softwareEnv, id int64, uid string) time.Time {
+	var at *time.Time
+	if err := e.a.Store.Pool.QueryRow(context.Background(), `SELECT installed_at FROM package_rollout_agents WHERE rollout_id = $1 AND instance_uid = $2`, id, uid).Scan(&at); err != nil || at == nil {
+		t.Fatalf("installed_at of %s: %v", uid, err)
+	}
+	return *at
+}
+
+func sentAt(t *testing.T, e *softwareEnv, id int64, uid string) time.Time {
+	var at *time.Time
+	if err := e.a.Store.Pool.QueryRow(context.Background(), `SELECT sent_at FROM package_rollout_agents WHERE rollout_id = $1 AND instance_uid = $2`, id, uid).Scan(&at); err != nil || at == nil {
+		t.Fatalf("sent_at of %s: %v", uid, err)
+	}
+	return *at
 }
