@@ -250,7 +250,7 @@ func artifactBench(ctx context.Context, size, serveSize int64, agents int, dsn s
 	record := func(path string, seed byte, n int64) (string, error) {
 		d := benchDigest(seed, n)
 		for _, q := range []string{
-			`INSERT INTO package_sources (name, type, source, poll_interval_ms) VALUES ('bench', 'github', 'bench/bench', 3600000) ON CONFLICT DO NOTHING`,
+			`INSERT INTO package_sources (name, type, source, poll_interval_ms, last_polled_at) VALUES ('bench', 'github', 'bench/bench', 86400000, now()) ON CONFLICT DO NOTHING`,
 			`INSERT INTO package_releases (package, version, published_at, term) VALUES ('bench', $1, now(), 0)`,
 			`INSERT INTO package_assets (package, version, name, digest, size, url) VALUES ('bench', $1, 'agent', $2, $3, $4)`,
 		} {

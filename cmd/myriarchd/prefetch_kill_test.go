@@ -70,7 +70,7 @@ func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
 	b := startReplica(t, settings("replica-b"))
 
 	for _, q := range []string{
-		`INSERT INTO package_sources (name, type, source, poll_interval_ms) VALUES ('agent', 'github', 'o/r', 60000)`,
+		`INSERT INTO package_sources (name, type, source, poll_interval_ms, last_polled_at) VALUES ('agent', 'github', 'o/r', 86400000, now())`,
 		`INSERT INTO package_releases (package, version, published_at, term) VALUES ('agent', 'v1.0.0', now(), 1)`,
 	} {
 		if _, err := pool.Exec(ctx, q); err != nil {
