@@ -11,6 +11,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 )
 
 // registerPackages adds the agent software endpoints: package sources,
@@ -35,18 +36,20 @@ type SoftwareView struct {
 	Blobs     []artifacts.Blob            `json:"blobs"`
 	Downloads []artifacts.Progress        `json:"downloads"`
 	Versions  []store.PackageVersionCount `json:"versions"`
+	Rollouts  []upgrades.Rollout          `json:"rollouts"`
 }
 
 // Software gathers the whole agent software view (also used by the UI).
 func (a *API) Software(r *http.Request) (SoftwareView, error) {
 	ctx, p := r.Context(), a.o.Store.Pool
 	var v SoftwareView
-	var errs [5]error
+	var errs [6]error
 	v.Sources, errs[0] = releases.ListSources(ctx, p)
 	v.Releases, errs[1] = releases.ListReleases(ctx, p, "")
 	v.Blobs, errs[2] = artifacts.Blobs(ctx, p)
 	v.Downloads, errs[3] = artifacts.Downloads(ctx, p)
 	v.Versions, errs[4] = a.o.Store.PackageVersions(ctx)
+	v.Rollouts, errs[5] = upgrades.List(ctx, p)
 	return v, errors.Join(errs[:]...)
 }
 

@@ -19,6 +19,9 @@ func (h *handler) software(w http.ResponseWriter, r *http.Request) {
 	for _, d := range v.Downloads {
 		running = running || d.State == "downloading"
 	}
-	// A page with a running download reloads itself (?refresh=0 stops it).
+	for _, ro := range v.Rollouts {
+		running = running || ro.FinishedAt == nil
+	}
+	// A page with a running download or upgrade reloads itself (?refresh=0 stops it).
 	h.renderRefresh(w, r, "software", "Agent software", v, running && r.URL.Query().Get("refresh") != "0")
 }
