@@ -87,12 +87,29 @@ func (s *Server) sendPackages(ctx context.Context, ac *agentConn) {
 }
 
 // reconcilePackages delivers offers that did not go out on the agents'
-// current connections (a lost notification).
+// current connections (a lost notification). The offers are read for many
+// agents per query; only the agents with an offer that their connection
+// has not had are sent anything.
 func (s *Server) reconcilePackages(ctx context.Context, acs map[string]*agentConn) {
 	if s.o.Packages == nil {
 		return
 	}
-	for _, ac := range acs {
-		s.sendPackages(ctx, ac)
+	uids := make([]string, 0, len(acs))
+	for uid := range acs {
+		uids = append(uids, uid)
+	}
+	for len(uids) > 0 {
+		n := min(len(uids), 1000)
+		p, err := s.o.Packages.Pending(ctx, uids[:n])
+		if err != nil {
+			s.log.Warn("loading package offers failed; the next reconcile retries", "error", err)
+			return
+		}
+		for uid, want := range p {
+			if ac := acs[uid]; ac != nil && want.SentConn != ac.connID {
+				s.sendPackages(ctx, ac)
+			}
+		}
+		uids = uids[n:]
 	}
 }
