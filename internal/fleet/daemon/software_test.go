@@ -538,3 +538,32 @@ func sentAt(t *testing.T, e *softwareEnv, id int64, uid string) time.Time {
 	}
 	return *at
 }
+
+// An offer whose notification was lost reaches the agent through the
+// reconcile (agents.reconcileInterval).
+func TestPackageOfferWithoutNotificationIsDeliveredByTheReconcile(t *testing.T) {
+	e := startSoftwareEnv(t, nil)
+	st := newPkgStore(e.pub)
+	_, uid := startPkgAgent(t, "ws://"+e.a.OpAMPAddr().String()+"/v1/opamp", st)
+	data := e.release(t, "v1.0.0")
+	sum := sha256.Sum256(data)
+	var sig string
+	if err := e.a.Store.Pool.QueryRow(context.Background(), `SELECT signature FROM package_assets WHERE version = 'v1.0.0'`).Scan(&sig); err != nil {
+		t.Fatal(err)
+	}
+	// Written without the NOTIFY that OfferVersion sends.
+	if _, err := e.a.Store.Pool.Exec(context.Background(), `INSERT INTO agent_package_offers (instance_uid, package, version, asset, digest, signature)
+		VALUES ($1, 'otelcol', 'v1.0.0', 'otelcol_linux_amd64.tar.gz', $2, $3)`, uid, "sha256:"+hex.EncodeToString(sum[:]), sig); err != nil {
+		t.Fatal(err)
+	}
+	var ps pkgStatus
+	if !fleettest.Eventually(60*time.Second, func() bool {
+		ps = packageStatus(t, e.ca, uid, "otelcol")
+		return ps.Status == "PackageStatusEnum_Installed" && ps.AgentHasVersion == "v1.0.0"
+	}) {
+		t.Fatalf("not delivered by the reconcile: %+v", ps)
+	}
+	if !bytes.Equal(st.Content("otelcol"), data) {
+		t.Fatal("content")
+	}
+}
