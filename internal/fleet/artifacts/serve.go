@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -33,7 +34,8 @@ func EnrollmentSecretAuth(secret string) AgentAuthorizer {
 	}
 }
 
-// Handler serves GET/HEAD PathPrefix{digest} from the large objects, with
+// Handler serves GET/HEAD PathPrefix{digest} from the large objects (read
+// in chunks of ChunkSize, each in its own short query), with
 // Range, If-Range and If-None-Match (the ETag is the quoted digest; the
 // content of a digest never changes).
 func Handler(pool *pgxpool.Pool, auth AgentAuthorizer, log *slog.Logger) http.Handler {
@@ -65,26 +67,60 @@ func Handler(pool *pgxpool.Pool, auth AgentAuthorizer, log *slog.Logger) http.Ha
 }
 
 func serveBlob(ctx context.Context, pool *pgxpool.Pool, w http.ResponseWriter, r *http.Request, digest string) error {
-	// A large object is read inside a transaction; it holds one pool
-	// connection for the duration of the response.
-	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var oid uint32
+	var size int64
 	var stored time.Time
-	if err := tx.QueryRow(ctx, `SELECT lo_oid, stored_at FROM artifact_blobs WHERE digest = $1`, digest).Scan(&oid, &stored); err != nil {
-		return err
-	}
-	los := tx.LargeObjects()
-	obj, err := los.Open(ctx, oid, pgx.LargeObjectModeRead)
-	if err != nil {
+	if err := pool.QueryRow(ctx, `SELECT lo_oid, size, stored_at FROM artifact_blobs WHERE digest = $1`, digest).Scan(&oid, &size, &stored); err != nil {
 		return err
 	}
 	w.Header().Set("ETag", `"`+digest+`"`)
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Cache-Control", "private, max-age=31536000, immutable")
-	http.ServeContent(w, r, "", stored, obj)
+	http.ServeContent(w, r, "", stored, &loReader{ctx: ctx, pool: pool, oid: oid, size: size})
 	return nil
+}
+
+// loReader reads a large object one chunk per query (lo_get), so that a
+// download holds a pool connection only while a chunk is read, not while
+// a slow agent receives the whole artifact.
+type loReader struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	oid  uint32
+	size int64
+	off  int64
+}
+
+func (l *loReader) Read(p []byte) (int, error) {
+	if l.off >= l.size {
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), l.size-l.off, ChunkSize)
+	var b []byte
+	if err := l.pool.QueryRow(l.ctx, `SELECT lo_get($1, $2, $3)`, l.oid, l.off, int32(n)).Scan(&b); err != nil {
+		return 0, err
+	}
+	if len(b) == 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	k := copy(p, b)
+	l.off += int64(k)
+	return k, nil
+}
+
+func (l *loReader) Seek(offset int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		offset += l.off
+	case io.SeekEnd:
+		offset += l.size
+	default:
+		return 0, errors.New("seek: bad whence")
+	}
+	if offset < 0 {
+		return 0, errors.New("seek: negative position")
+	}
+	l.off = offset
+	return offset, nil
 }
