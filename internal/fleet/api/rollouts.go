@@ -25,6 +25,7 @@ func (a *API) registerConfigs(mux *http.ServeMux) {
 	mux.Handle("GET /api/v1/configs/{name}/revisions/{rev}", a.auth(a.getRevision))
 	mux.Handle("GET /api/v1/configs/{name}/diff", a.auth(a.diff))
 	mux.Handle("GET /api/v1/agents/{uid}/assignment", a.auth(a.assignment))
+	mux.Handle("GET /api/v1/agents/{uid}/intents", a.auth(a.agentIntents))
 	mux.Handle("GET /api/v1/gitops", a.auth(a.gitopsStatus))
 	mux.Handle("GET /api/v1/rollouts", a.auth(a.listRollouts))
 	mux.Handle("POST /api/v1/rollouts", a.auth(a.createRollout))
@@ -258,6 +259,18 @@ func (a *API) assignment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, x)
+}
+
+func (a *API) agentIntents(w http.ResponseWriter, r *http.Request) {
+	in, err := a.Rollouts().AgentIntents(r.Context(), r.PathValue("uid"), 100)
+	if err != nil {
+		serviceErr(w, err, "")
+		return
+	}
+	if in == nil {
+		in = []rollout.Intent{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"intents": in})
 }
 
 // RolloutList is the answer of GET /api/v1/rollouts.

@@ -9,7 +9,9 @@
 // priority wins, then the smallest name; so every agent is assigned at most
 // one configuration, and a rollout of a configuration reaches exactly the
 // agents assigned to it. An agent's desired revision is set by rollouts
-// only (package rollout); storing a revision delivers nothing.
+// (package rollout), and a new agent without any desired config is given
+// the current revision of its configuration; storing a revision delivers
+// nothing.
 //
 // Validation runs before a revision is stored, so a configuration that the
 // agent would refuse never starts rolling: every type must be well-formed

@@ -20,6 +20,10 @@
 //     progress and every agent that applied has been healthy for bake_s.
 //   - rolling_back: every agent that was sent B is sent A.
 //
+// After the rollouts, the pass gives every online agent without any
+// desired config the current revision of its configuration (an assign
+// intent), unless that configuration has an active rollout.
+//
 // Operator commands (pause, resume, abort, rollback) are requests stored
 // on the rollout; the engine carries them out in its next fenced step, so
 // every state change of a rollout is a write of the current term.
@@ -182,7 +186,71 @@ func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
 			errs = append(errs, fmt.Errorf("rollout %d: %w", id, err))
 		}
 	}
+	err = InTerm(ctx, fence, e.LockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
+		return e.assign(ctx, tx, term)
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("assigning current revisions: %w", err))
+	}
 	return errors.Join(errs...)
+}
+
+// assignBatch bounds the agents given their configuration in one pass.
+const assignBatch = 1000
+
+// assign gives every online agent that has no desired config at all (a new
+// agent) the current revision of the configuration assigned to it, unless
+// that configuration has an active rollout (the rollout's planner decides
+// then). Agents with a desired config, from a rollout or set directly,
+// change only through rollouts.
+func (e *Engine) assign(ctx context.Context, tx pgx.Tx, term int64) error {
+	rows, err := tx.Query(ctx, `SELECT a.instance_uid, c.name, c.current_revision FROM agents a
+		JOIN configs c ON c.name = `+store.PrecedenceSQL+`
+		WHERE a.desired_config_hash = '' AND a.status = 'online' AND c.current_revision > 0
+			AND NOT EXISTS (SELECT 1 FROM rollouts r WHERE r.config = c.name AND r.state = ANY($1))
+		ORDER BY c.name, a.instance_uid LIMIT $2`, ActiveStates, assignBatch)
+	if err != nil {
+		return err
+	}
+	type key struct {
+		config string
+		rev    int
+	}
+	groups := map[key][]string{}
+	var uid, name string
+	var rev int
+	if _, err := pgx.ForEachRow(rows, []any{&uid, &name, &rev}, func() error {
+		groups[key{name, rev}] = append(groups[key{name, rev}], uid)
+		return nil
+	}); err != nil {
+		return err
+	}
+	for k, uids := range groups {
+		r, err := store.GetRevision(ctx, tx, k.config, k.rev)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO rollout_intents (rollout_id, instance_uid, config, wave, term, kind, revision, hash)
+			SELECT NULL, u, $2, 0, $3, 'assign', $4, $5 FROM unnest($1::text[]) AS u`, uids, k.config, term, r.Revision, r.Hash); err != nil {
+			return err
+		}
+		if err := setDesired(ctx, tx, uids, k.config, r); err != nil {
+			return err
+		}
+		e.log().Info("gave new agents the current revision of their configuration", "config", k.config, "revision", r.Revision, "agents", len(uids))
+	}
+	return nil
+}
+
+// setDesired sets the desired config of uids to rev and notifies the
+// replicas (at the commit).
+func setDesired(ctx context.Context, tx pgx.Tx, uids []string, config string, rev store.Revision) error {
+	if _, err := tx.Exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
+		desired_config_name = $4, desired_revision = $5 WHERE instance_uid = ANY($1)`, uids, rev.Content, rev.Hash, config, rev.Revision); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, u) FROM unnest($2::text[]) AS u`, store.NotifyChannel, uids)
+	return err
 }
 
 // stepper is one fenced step of one rollout.
@@ -509,16 +577,11 @@ func (s *stepper) dispatch(ctx context.Context) error {
 // the fenced transaction; the commit's NOTIFY makes the replicas deliver.
 func (s *stepper) send(ctx context.Context, kind string, rev store.Revision, uids []string) error {
 	r := s.r
-	if _, err := s.exec(ctx, `INSERT INTO rollout_intents (rollout_id, instance_uid, wave, term, kind, revision, hash)
-		SELECT $1, u, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, r.Wave, s.term, kind, rev.Revision, rev.Hash); err != nil {
+	if _, err := s.exec(ctx, `INSERT INTO rollout_intents (rollout_id, instance_uid, config, wave, term, kind, revision, hash)
+		SELECT $1, u, $8, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, r.Wave, s.term, kind, rev.Revision, rev.Hash, r.Config); err != nil {
 		return err
 	}
-	if _, err := s.exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
-		desired_config_name = $4, desired_revision = $5 WHERE instance_uid = ANY($1)`, uids, rev.Content, rev.Hash, r.Config, rev.Revision); err != nil {
-		return err
-	}
-	_, err := s.tx.Exec(ctx, `SELECT pg_notify($1, u) FROM unnest($2::text[]) AS u`, store.NotifyChannel, uids)
-	return err
+	return setDesired(ctx, s.tx, uids, r.Config, rev)
 }
 
 // gate opens the next wave when the current one is done and baked.

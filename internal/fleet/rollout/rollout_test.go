@@ -285,6 +285,18 @@ func TestRolloutLifecycle(t *testing.T) {
 	if as.Config != "edge" || as.DesiredConfig != "edge" || as.DesiredRevision != 1 || !as.InSync || as.EffectiveConfig != "level: 1\n" {
 		t.Errorf("assignment: %+v", as)
 	}
+	// An agent that joins later gets the current revision of its
+	// configuration without a rollout.
+	late := e.agents(1, map[string]string{"role": "edge"}, "")[0]
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		e.call("GET", "/api/v1/agents/"+late.UIDString()+"/assignment", nil, &as)
+		return as.DesiredRevision == 1 && as.InSync
+	}) {
+		t.Errorf("late agent: %+v", as)
+	}
+	if in, err := e.d.API.Rollouts().AgentIntents(e.ctx, late.UIDString(), 10); err != nil || len(in) != 1 || in[0].Kind != "assign" || in[0].RolloutID != nil {
+		t.Errorf("late agent's intents: %+v %v", in, err)
+	}
 	e.call("GET", "/api/v1/agents/"+other[0].UIDString()+"/assignment", nil, &as)
 	if as.Config != "" || as.DesiredRevision != 0 {
 		t.Errorf("agent of another role: %+v", as)

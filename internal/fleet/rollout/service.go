@@ -286,7 +286,8 @@ func (s Service) Detail(ctx context.Context, id int64, agentLimit int) (Detail, 
 // Intent is one recorded command to an agent.
 type Intent struct {
 	ID          int64     `json:"id"`
-	RolloutID   int64     `json:"rollout_id"`
+	RolloutID   *int64    `json:"rollout_id"`
+	Config      string    `json:"config"`
 	InstanceUID string    `json:"instance_uid"`
 	Wave        int       `json:"wave"`
 	Term        int64     `json:"term"`
@@ -296,9 +297,20 @@ type Intent struct {
 	At          time.Time `json:"at"`
 }
 
+// AgentIntents returns the newest intents for one agent (of rollouts and
+// assignments), newest first.
+func (s Service) AgentIntents(ctx context.Context, uid string, limit int) ([]Intent, error) {
+	rows, err := s.Store.Pool.Query(ctx, `SELECT id, rollout_id, config, instance_uid, wave, term, kind, revision, hash, at
+		FROM rollout_intents WHERE instance_uid = $1 ORDER BY id DESC LIMIT $2`, uid, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Intent])
+}
+
 // Intents returns the intents of a rollout in the order they were written.
 func (s Service) Intents(ctx context.Context, id int64) ([]Intent, error) {
-	rows, err := s.Store.Pool.Query(ctx, `SELECT id, rollout_id, instance_uid, wave, term, kind, revision, hash, at
+	rows, err := s.Store.Pool.Query(ctx, `SELECT id, rollout_id, config, instance_uid, wave, term, kind, revision, hash, at
 		FROM rollout_intents WHERE rollout_id = $1 ORDER BY id`, id)
 	if err != nil {
 		return nil, err

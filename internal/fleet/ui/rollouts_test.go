@@ -187,6 +187,7 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	do(chromedp.Navigate(base+"/ui/agents/"+ags[0].UIDString()), chromedp.WaitVisible(q("#assignment")))
 	check("assigned", text("#assigned-config"), "gateway")
 	waitText(base+"/ui/agents/"+ags[0].UIDString(), "#desired-revision", "gateway revision 1 · applied")
+	check("intents", text("#intents"), "apply")
 	bcancel()
 	acancel()
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -217,14 +218,21 @@ func (h *handler) agentPage(w http.ResponseWriter, r *http.Request, actionErr st
 		h.fail(w, err)
 		return
 	}
-	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Assignment: as, Notice: notices[r.URL.Query().Get("done")], Error: actionErr})
+	in, err := h.a.Rollouts().AgentIntents(r.Context(), d.Agent.InstanceUID, 20)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Assignment: as, Intents: in, Notice: notices[r.URL.Query().Get("done")], Error: actionErr})
 }
 
 // agentPage is the agent page: the API's detail, the configuration
-// assignment, and the outcome of an action (from the redirect after it).
+// assignment and commands, and the outcome of an action (from the redirect
+// after it).
 type agentPage struct {
 	api.AgentDetail
 	Assignment    store.Assignment
+	Intents       []rollout.Intent
 	Notice, Error string
 }
 

@@ -105,18 +105,22 @@ CREATE INDEX rollout_agents_agent ON rollout_agents (instance_uid);
 
 -- Every command to an agent is recorded here, in the same fenced
 -- transaction that sets its desired config, before any replica sends it.
+-- An assign intent (no rollout) gives an agent that has no desired config
+-- the current revision of the configuration assigned to it.
 CREATE TABLE rollout_intents (
     id           bigserial PRIMARY KEY,
-    rollout_id   bigint NOT NULL REFERENCES rollouts (id),
+    rollout_id   bigint REFERENCES rollouts (id),
     instance_uid text NOT NULL,
+    config       text NOT NULL DEFAULT '',
     wave         integer NOT NULL,
     term         bigint NOT NULL,
-    kind         text NOT NULL CHECK (kind IN ('apply', 'rollback')),
+    kind         text NOT NULL CHECK (kind IN ('apply', 'rollback', 'assign')),
     revision     integer NOT NULL,
     hash         text NOT NULL,
     at           timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX rollout_intents_rollout ON rollout_intents (rollout_id, id);
+CREATE INDEX rollout_intents_agent ON rollout_intents (instance_uid, id);
 
 -- The GitOps source as last polled (one row per repository URL+ref+path).
 CREATE TABLE gitops_sources (
