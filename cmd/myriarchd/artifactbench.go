@@ -324,6 +324,11 @@ func artifactBench(ctx context.Context, size, serveSize int64, agents int, dsn s
 	var wg sync.WaitGroup
 	var failures, total atomic.Int64
 	var slowest atomic.Int64
+	var firstErr atomic.Value
+	fail := func(err string) {
+		failures.Add(1)
+		firstErr.CompareAndSwap(nil, err)
+	}
 	startGate := make(chan struct{})
 	t1 := time.Now()
 	for i := range agents {
@@ -338,14 +343,14 @@ func artifactBench(ctx context.Context, size, serveSize int64, agents int, dsn s
 			req.Header.Set("Authorization", "Bearer "+benchSecret)
 			resp, err := hc.Do(req)
 			if err != nil {
-				failures.Add(1)
+				fail(err.Error())
 				return
 			}
 			n, err := io.CopyBuffer(io.Discard, resp.Body, make([]byte, 256<<10))
 			resp.Body.Close()
 			total.Add(n)
 			if err != nil || resp.StatusCode != 200 || n != serveSize {
-				failures.Add(1)
+				fail(fmt.Sprintf("%s: %d of %d bytes, error %v", resp.Status, n, serveSize, err))
 				return
 			}
 			if d := time.Since(s).Nanoseconds(); d > slowest.Load() {
@@ -363,7 +368,7 @@ func artifactBench(ctx context.Context, size, serveSize int64, agents int, dsn s
 		"replica_a_cpu_cores": (a.cpu() - ca) / el, "replica_b_cpu_cores": (b.cpu() - cb) / el,
 		"replica_a_peak_rss_mb": float64(pa) / 1e6, "replica_b_peak_rss_mb": float64(pb) / 1e6})
 	if failures.Load() > 0 {
-		return fmt.Errorf("%d of %d downloads failed", failures.Load(), agents)
+		return fmt.Errorf("%d of %d downloads failed; the first: %v", failures.Load(), agents, firstErr.Load())
 	}
 	return nil
 }

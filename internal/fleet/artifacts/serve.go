@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -76,8 +77,11 @@ func serveBlob(ctx context.Context, pool *pgxpool.Pool, w http.ResponseWriter, r
 	w.Header().Set("ETag", `"`+digest+`"`)
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Cache-Control", "private, max-age=31536000, immutable")
-	http.ServeContent(w, r, "", stored, &loReader{ctx: ctx, pool: pool, oid: oid, size: size})
-	return nil
+	lr := &loReader{ctx: ctx, pool: pool, oid: oid, size: size}
+	http.ServeContent(w, r, "", stored, lr)
+	// An error after the headers went out cuts the body short; the agent
+	// sees a truncated download and its hash check fails.
+	return lr.err
 }
 
 // loReader reads a large object one chunk per query (lo_get), so that a
@@ -89,6 +93,7 @@ type loReader struct {
 	oid  uint32
 	size int64
 	off  int64
+	err  error
 }
 
 func (l *loReader) Read(p []byte) (int, error) {
@@ -98,7 +103,8 @@ func (l *loReader) Read(p []byte) (int, error) {
 	n := min(int64(len(p)), l.size-l.off, ChunkSize)
 	var b []byte
 	if err := l.pool.QueryRow(l.ctx, `SELECT lo_get($1, $2, $3)`, l.oid, l.off, int32(n)).Scan(&b); err != nil {
-		return 0, err
+		l.err = fmt.Errorf("reading bytes %d to %d: %w", l.off, l.off+n, err)
+		return 0, l.err
 	}
 	if len(b) == 0 {
 		return 0, io.ErrUnexpectedEOF
