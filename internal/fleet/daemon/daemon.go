@@ -181,6 +181,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	runner = jobs.NewRunner(leaderJobs, d.Elector.InTerm, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Runner = runner
 	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
+	d.Reg.MustRegister(upgrades.Collector{Pool: d.Store.Pool})
 
 	var tlsCfg *tls.Config
 	if cfg.Server.TLSCertFile != "" {

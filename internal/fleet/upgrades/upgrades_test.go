@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
@@ -135,6 +136,16 @@ func TestEngineStepsWavesPauseResumeAndAbort(t *testing.T) {
 		t.Fatalf("wave after the gate: %d", w)
 	}
 	step() // wave 1: a2, a3
+	if got := testutil.CollectAndCount(upgrades.Collector{Pool: p}, "myriarch_package_rollout_agents"); got != len(upgrades.AgentStates) {
+		t.Fatalf("agent series: %d", got)
+	}
+	if err := testutil.CollectAndCompare(upgrades.Collector{Pool: p}, strings.NewReader(`
+# HELP myriarch_package_rollout_wave Current wave of the package rollout (1-based; 0 before it is planned).
+# TYPE myriarch_package_rollout_wave gauge
+myriarch_package_rollout_wave{package="otelcol",rollout="1"} 2
+`), "myriarch_package_rollout_wave"); err != nil {
+		t.Fatal(err)
+	}
 	ag = agents(t, p, ro.ID)
 	if ag["a2"].state != upgrades.AgentInProgress || ag["a3"].state != upgrades.AgentInProgress {
 		t.Fatalf("wave 1: %+v", ag)
