@@ -17,10 +17,7 @@ import (
 // it by hand.
 func TestRolloutBenchCommand(t *testing.T) {
 	pg := pgtest.New(t)
-	bin := filepath.Join(t.TempDir(), "myriarchd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../myriarchd").CombinedOutput(); err != nil {
-		t.Fatalf("building myriarchd: %v\n%s", err, out)
-	}
+	bin := buildMyriarchd(t)
 	var out, errb syncBuf
 	code := commands.Dispatch([]string{"rollout-bench", "--agents", "30", "--bake", "0s", "--interval", "200ms", "--max-in-progress", "10",
 		"--dsn", pg.DSN(""), "--myriarchd", bin}, &out, &errb)
@@ -59,4 +56,14 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// buildMyriarchd builds the replica the measurement commands start.
+func buildMyriarchd(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "myriarchd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../myriarchd").CombinedOutput(); err != nil {
+		t.Fatalf("building myriarchd: %v\n%s", err, out)
+	}
+	return bin
 }

@@ -145,6 +145,7 @@ func (a *API) Register(mux *http.ServeMux) {
 	a.route(mux, store.RoleAdmin, "GET /api/v1/tokens", a.listTokens)
 	a.route(mux, store.RoleAdmin, "DELETE /api/v1/tokens/{id}", a.revokeToken)
 	a.registerConfigs(mux)
+	a.registerPackages(mux)
 	a.route(mux, store.RoleViewer, "/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})

@@ -29,13 +29,14 @@ import (
 
 // Config is myriarchd's resolved configuration.
 type Config struct {
-	HA       HA
-	Server   Server
-	Database Database
-	Agents   Agents
-	Jobs     Jobs
-	GitOps   GitOps
-	Log      Log
+	HA        HA
+	Server    Server
+	Database  Database
+	Agents    Agents
+	Jobs      Jobs
+	GitOps    GitOps
+	Artifacts Artifacts
+	Log       Log
 }
 
 // GitOps is the Git source of configurations (package gitops).
@@ -131,9 +132,27 @@ type Jobs struct {
 	HousekeepingInterval time.Duration
 	// ReplicaRetention is how long a replica row without heartbeat is kept.
 	ReplicaRetention time.Duration
+	// ReleaseTrackerInterval is how often the release tracker looks for
+	// package sources whose own poll interval has passed.
+	ReleaseTrackerInterval time.Duration
+	// ArtifactPrefetchInterval is how often artifact prefetch looks for
+	// missing blobs and applies retention.
+	ArtifactPrefetchInterval time.Duration
 	// RolloutInterval is how often the rollout engine takes each active
 	// rollout one step.
 	RolloutInterval time.Duration
+}
+
+// Artifacts is the agent software store.
+type Artifacts struct {
+	// KeepVersions is how many newest versions per package keep their blobs.
+	KeepVersions int64
+	// PublicURL is the base URL agents download artifacts from.
+	PublicURL string
+	// GitHubAPIURL is the GitHub (Enterprise) API of github package sources.
+	GitHubAPIURL string
+	// GitHubToken authenticates the release tracker to GitHub.
+	GitHubToken string
 }
 
 // Log is the logging.
@@ -301,6 +320,29 @@ var Settings = []Setting{
 	durSetting("jobs.replicaRetention", "24h", time.Minute, 8760*time.Hour,
 		"Housekeeping deletes replica registry rows without heartbeat for longer than this.",
 		func(c *Config) *time.Duration { return &c.Jobs.ReplicaRetention }),
+	durSetting("jobs.releaseTrackerInterval", "10s", time.Second, time.Hour,
+		"How often the release tracker (leader only) looks for package sources whose own poll interval has passed.",
+		func(c *Config) *time.Duration { return &c.Jobs.ReleaseTrackerInterval }),
+	durSetting("jobs.artifactPrefetchInterval", "30s", time.Second, 24*time.Hour,
+		"How often artifact prefetch (leader only) downloads missing blobs of tracked releases and applies retention.",
+		func(c *Config) *time.Duration { return &c.Jobs.ArtifactPrefetchInterval }),
+	intSetting("artifacts.keepVersions", "3", 1, 1000,
+		"Blobs of this many newest versions per package are kept, plus those of every version an agent reports as installed.",
+		func(c *Config) *int64 { return &c.Artifacts.KeepVersions }),
+	strSetting("artifacts.publicUrl", "", "must be empty or an http:// or https:// URL",
+		"Base URL at which agents reach the HTTP listener, used in the download URLs offered to them; empty means http://<host of the replica>:<port of server.httpListen>.",
+		func(s string) bool {
+			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
+		},
+		func(c *Config) *string { return &c.Artifacts.PublicURL }),
+	strSetting("artifacts.githubApiUrl", "", "must be empty or an http:// or https:// URL",
+		"API of the github package sources: empty is api.github.com; for GitHub Enterprise https://<host>/api/v3/.",
+		func(s string) bool {
+			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
+		},
+		func(c *Config) *string { return &c.Artifacts.GitHubAPIURL }),
+	strSetting("artifacts.githubToken", "", "", "Token of the release tracker for the GitHub API (raises the rate limit, reads private repositories' release lists); prefer the environment variable.", nil,
+		func(c *Config) *string { return &c.Artifacts.GitHubToken }),
 	durSetting("jobs.rolloutInterval", "2s", 100*time.Millisecond, time.Minute,
 		"Interval of the rollout planner and engine (leader only): how often each active rollout takes a step (reads reports, sends the next agents, opens the next wave).",
 		func(c *Config) *time.Duration { return &c.Jobs.RolloutInterval }),

@@ -17,9 +17,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,14 +31,17 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 	"github.com/myriarch/myriarch/internal/fleet/gitops"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/lastseen"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
 )
@@ -135,7 +140,8 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
 		MaxMessageBytes: cfg.Server.OpAMPMaxMessageBytes, AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute,
-		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter})
+		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter,
+		Packages: artifacts.OfferSource{Pool: d.Store.Pool, BaseURL: d.ArtifactBaseURL, Auth: "Bearer " + cfg.Server.EnrollmentSecret}})
 
 	d.Elector, err = pgleader.New(pgleader.Config{
 		Pool: d.Store.Pool, LeaderSessionTimeout: cfg.HA.LeaderSessionTimeout, HeartbeatInterval: cfg.HA.HeartbeatInterval,
@@ -152,10 +158,37 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The release tracker and the prefetch record the term of the latest
+	// leadership and fence their own transactions with it; their writes
+	// also go through the job's fence, and a job stops with its term.
+	termOf := func() int64 {
+		if l := d.Leadership(); l != nil && l.Context().Err() == nil {
+			return l.Term()
+		}
+		return 0
+	}
+	fenceTx := func(ctx context.Context, tx pgx.Tx) error {
+		l := d.Leadership()
+		if l == nil {
+			return pgleader.ErrStaleTerm
+		}
+		return l.Fence(ctx, tx)
+	}
+	gh, err := releases.NewGitHubLister(cfg.Artifacts.GitHubAPIURL, cfg.Artifacts.GitHubToken, nil)
+	if err != nil {
+		return nil, fmt.Errorf("artifacts.githubApiUrl: %w", err)
+	}
+	tracker := releases.NewTracker(d.Store.Pool, map[string]releases.Lister{releases.TypeOCI: releases.OCILister{}, releases.TypeGitHub: gh},
+		termOf, d.log, d.Reg)
+	prefetch := artifacts.New(artifacts.Options{Pool: d.Store.Pool, FenceTx: fenceTx, TermOf: termOf, Replica: cfg.HA.ReplicaID,
+		Keep: int(cfg.Artifacts.KeepVersions), Log: d.log, Registerer: d.Reg})
 	leaderJobs := []jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, d.Elector.LockKey()),
 		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
+		tracker.Job(cfg.Jobs.ReleaseTrackerInterval),
+		prefetch.Job(cfg.Jobs.ArtifactPrefetchInterval),
+		(&upgrades.Engine{Pool: d.Store.Pool, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 	}
 	var poller *gitops.Poller
 	if g := cfg.GitOps; g.RepoURL != "" {
@@ -170,6 +203,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	// Elected only once Run starts, below: d.Runner is set by then.
 	d.Runner = jobs.NewRunner(leaderJobs, cfg.HA.ReplicaID, d.log, d.Reg)
 	d.Reg.MustRegister(rollout.Collector{Store: d.Store})
+	d.Reg.MustRegister(upgrades.Collector{Pool: d.Store.Pool})
 
 	tlsCfg, err := tlsConfig("server.tlsCertFile", cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile, d.log)
 	if err != nil {
@@ -190,6 +224,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
+	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg), d.log))
 	if poller != nil {
 		// Verified by its HMAC signature, not by an API token.
 		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
@@ -228,6 +263,31 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.log.Info("myriarchd replica started", "replica", cfg.HA.ReplicaID, "opamp", d.OpAMP.Addr().String()+cfg.Server.OpAMPPath,
 		"http", d.httpAddr.String(), "leaderSessionTimeout", cfg.HA.LeaderSessionTimeout)
 	return d, nil
+}
+
+// AgentAuth is the one credential check of the artifact endpoint: today
+// the agents' enrollment secret, as on the OpAMP endpoint.
+func AgentAuth(cfg *config.Config) artifacts.AgentAuthorizer {
+	return artifacts.EnrollmentSecretAuth(cfg.Server.EnrollmentSecret)
+}
+
+// ArtifactBaseURL is the base of the download URLs offered to agents:
+// artifacts.publicUrl, or http:// and the address of the HTTP listener (the
+// host name for a listener on all addresses).
+func (d *Daemon) ArtifactBaseURL() string {
+	if d.cfg.Artifacts.PublicURL != "" {
+		return d.cfg.Artifacts.PublicURL
+	}
+	if d.httpAddr == nil {
+		return ""
+	}
+	host, port, _ := net.SplitHostPort(d.httpAddr.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // OpAMPAddr and HTTPAddr are the bound listen addresses.

@@ -61,7 +61,9 @@ type Options struct {
 	// Nonce identifies this process; connection ids are Nonce#n.
 	Nonce string
 	// Secret is the enrollment secret agents present as a bearer token.
-	Secret     string
+	Secret string
+	// Packages, when set, is the source of package offers (packages.go).
+	Packages   Packages
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
 	// MaxMessageBytes bounds one AgentToServer message after
@@ -411,7 +413,8 @@ func (s *Server) onMessage(ctx context.Context, c types.Connection, msg *protobu
 		Capabilities: uint64(protobufs.ServerCapabilities_ServerCapabilities_AcceptsStatus |
 			protobufs.ServerCapabilities_ServerCapabilities_OffersRemoteConfig |
 			protobufs.ServerCapabilities_ServerCapabilities_AcceptsEffectiveConfig |
-			protobufs.ServerCapabilities_ServerCapabilities_AcceptsPackagesStatus)}
+			protobufs.ServerCapabilities_ServerCapabilities_AcceptsPackagesStatus |
+			protobufs.ServerCapabilities_ServerCapabilities_OffersPackages)}
 	s.mu.Lock()
 	ac := s.conns[c]
 	s.mu.Unlock()
@@ -459,6 +462,7 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 		if msg.AgentDescription == nil {
 			resp.Flags |= uint64(protobufs.ServerToAgentFlags_ServerToAgentFlags_ReportFullState)
 		}
+		resp.PackagesAvailable = s.packagesFor(ctx, ac, uid)
 	} else if uid != ac.uid {
 		return resp
 	}
@@ -672,6 +676,7 @@ func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, 
 		m := map[string]any{}
 		for name, p := range ps.Packages {
 			m[name] = map[string]any{"agent_has_version": p.AgentHasVersion, "server_offered_version": p.ServerOfferedVersion,
+				"agent_has_hash": hex.EncodeToString(p.AgentHasHash), "server_offered_hash": hex.EncodeToString(p.ServerOfferedHash),
 				"status": p.Status.String(), "error": p.ErrorMessage}
 		}
 		st.PackageStatuses = map[string]any{"packages": m, "error": ps.ErrorMessage}
@@ -739,6 +744,10 @@ func (s *Server) Push(ctx context.Context, payload string) {
 	}
 	if uid, ok := strings.CutPrefix(payload, store.RotateNotifyPrefix); ok {
 		s.rotate(ctx, uid)
+		return
+	}
+	if uid, ok := strings.CutPrefix(payload, PackagesNotifyPrefix); ok {
+		s.pushPackages(ctx, uid)
 		return
 	}
 	uid, restart := strings.CutPrefix(payload, store.RestartNotifyPrefix)
@@ -873,5 +882,6 @@ func (s *Server) Reconcile(ctx context.Context) error {
 		}
 		uids = uids[n:]
 	}
+	s.reconcilePackages(ctx, acs)
 	return nil
 }

@@ -56,7 +56,7 @@ var pages = func() map[string]*template.Template {
 			return *f
 		}}
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "overview", "agents", "agent", "cluster", "configs", "config", "rollouts", "rollout"} {
+	for _, p := range []string{"login", "overview", "agents", "agent", "cluster", "configs", "config", "rollouts", "rollout", "software"} {
 		out[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html"))
 	}
 	return out
@@ -102,6 +102,7 @@ func mount(mux *http.ServeMux, a *api.API) *handler {
 	h.route(store.RoleViewer, "GET /ui/cluster", h.cluster)
 	h.mountAgentActions()
 	h.mountRollouts()
+	h.mountSoftware()
 	return h
 }
 

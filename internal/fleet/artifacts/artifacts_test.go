@@ -1,0 +1,302 @@
+package artifacts_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
+	"github.com/myriarch/myriarch/internal/fleet/releases/ocitest"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/pgleader"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func digestOf(b []byte) string {
+	s := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+type env struct {
+	st   *store.Store
+	el   *pgleader.Leadership
+	term int64
+}
+
+func leader(t *testing.T) env {
+	t.Helper()
+	pg := pgtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	el, stopElector, err := fleettest.Elect(st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); stopElector(); st.Close() })
+	term := el.Term()
+	return env{st, el, term}
+}
+
+func (e env) prefetcher(keep int) *artifacts.Prefetcher {
+	return artifacts.New(artifacts.Options{Pool: e.st.Pool, FenceTx: e.el.Fence, TermOf: func() int64 { return e.term }, Replica: "r1", Keep: keep,
+		ProgressEvery: 20 * time.Millisecond})
+}
+
+func agent(t *testing.T, pool *pgxpool.Pool, uid, os, arch string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO agents (instance_uid, attrs) VALUES ($1, jsonb_build_object('os.type', $2::text, 'host.arch', $3::text))`, uid, os, arch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// release records a release whose assets are plain HTTP URLs (as GitHub
+// Releases assets are).
+func release(t *testing.T, pool *pgxpool.Pool, pkg, version string, assets ...releases.Asset) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO package_sources (name, type, source, poll_interval_ms) VALUES ($1, 'github', 'o/r', 60000) ON CONFLICT DO NOTHING`, pkg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO package_releases (package, version, published_at, term) VALUES ($1, $2, now(), 1)`, pkg, version); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range assets {
+		if _, err := pool.Exec(ctx, `INSERT INTO package_assets (package, version, name, os, arch, digest, size, url, signature) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			pkg, version, a.Name, a.OS, a.Arch, a.Digest, a.Size, a.URL, a.Signature); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func largeObjects(t *testing.T, pool *pgxpool.Pool) int {
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_largeobject_metadata`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestRegistryReleaseIsPrefetchedForTheFleetsPlatformsAndServed(t *testing.T) {
+	reg := ocitest.Start(t)
+	e := leader(t)
+	ctx := context.Background()
+	amd := bytes.Repeat([]byte("amd64-"), 200_000) // 1.2 MB: several chunks
+	arm := []byte("arm64 build")
+	win := []byte("windows build")
+	if err := reg.Push(ctx, "agents/otelcol", "v1.0.0", []ocitest.File{
+		{Name: "otelcol_linux_amd64.tar.gz", Data: amd}, {Name: "otelcol_linux_arm64.tar.gz", Data: arm}, {Name: "otelcol_windows_amd64.zip", Data: win}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := releases.PutSource(ctx, e.st.Pool, releases.Source{Name: "otelcol", Type: "oci", Source: reg.Repo("agents/otelcol"), PollInterval: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := releases.NewTracker(e.st.Pool, map[string]releases.Lister{"oci": releases.OCILister{}}, nil, nil, nil).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	agent(t, e.st.Pool, "a1", "linux", "amd64")
+	agent(t, e.st.Pool, "a2", "linux", "arm64")
+	if err := e.prefetcher(3).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	blobs, _ := artifacts.Blobs(ctx, e.st.Pool)
+	got := map[string]int64{}
+	for _, b := range blobs {
+		got[b.Digest] = b.Size
+	}
+	if len(got) != 2 || got[digestOf(amd)] != int64(len(amd)) || got[digestOf(arm)] != int64(len(arm)) {
+		t.Fatalf("blobs: %+v (windows must not be fetched: no windows agent)", blobs)
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	for _, d := range dls {
+		if d.State != "done" || d.Percent != 100 {
+			t.Fatalf("download: %+v", d)
+		}
+	}
+
+	srv := httptest.NewServer(http.StripPrefix("", artifacts.Handler(e.st.Pool, artifacts.EnrollmentSecretAuth("agent-secret-0123456789"), nil)))
+	defer srv.Close()
+	get := func(auth, path string, hdr ...string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	path := artifacts.PathPrefix + digestOf(amd)
+	if r, _ := get("", path); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("without credential: %d", r.StatusCode)
+	}
+	if r, _ := get("wrong", path); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("wrong credential: %d", r.StatusCode)
+	}
+	r, body := get("agent-secret-0123456789", path)
+	if r.StatusCode != 200 || !bytes.Equal(body, amd) || r.Header.Get("ETag") != `"`+digestOf(amd)+`"` {
+		t.Fatalf("full: %d, %d bytes, etag %q", r.StatusCode, len(body), r.Header.Get("ETag"))
+	}
+	r, body = get("agent-secret-0123456789", path, "Range", "bytes=600000-600011")
+	if r.StatusCode != http.StatusPartialContent || !bytes.Equal(body, amd[600000:600012]) {
+		t.Fatalf("range: %d %q", r.StatusCode, body)
+	}
+	if r, _ = get("agent-secret-0123456789", path, "If-None-Match", `"`+digestOf(amd)+`"`); r.StatusCode != http.StatusNotModified {
+		t.Fatalf("if-none-match: %d", r.StatusCode)
+	}
+	if r, _ = get("agent-secret-0123456789", artifacts.PathPrefix+digestOf(win)); r.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown blob: %d", r.StatusCode)
+	}
+}
+
+func TestCorruptOrBadlySignedDownloadIsNeverStored(t *testing.T) {
+	e := leader(t)
+	ctx := context.Background()
+	good := []byte("the real agent")
+	src := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("tampered agent")) }))
+	defer src.Close()
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(good), Size: -1, URL: src.URL + "/agent"})
+	if err := e.prefetcher(3).Run(ctx, e.el.InTerm); err == nil || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("want a digest mismatch, got %v", err)
+	}
+	if b, _ := artifacts.Blobs(ctx, e.st.Pool); len(b) != 0 || largeObjects(t, e.st.Pool) != 0 {
+		t.Fatalf("a corrupt blob was kept: %+v", b)
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	if len(dls) != 1 || dls[0].State != "failed" || !strings.Contains(dls[0].Error, "digest mismatch") || dls[0].Attempts != 1 {
+		t.Fatalf("download record: %+v", dls)
+	}
+
+	// A signed package: a wrong signature is refused before downloading.
+	if _, err := e.st.Pool.Exec(ctx, `UPDATE package_sources SET public_key = $1`, base64.StdEncoding.EncodeToString(pub)); err != nil {
+		t.Fatal(err)
+	}
+	other := []byte("other")
+	if _, err := e.st.Pool.Exec(ctx, `UPDATE package_assets SET signature = $1`, base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(digestOf(other))))); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcher(3).Run(ctx, e.el.InTerm); err == nil || !strings.Contains(err.Error(), "signature") {
+		t.Fatalf("want a signature error, got %v", err)
+	}
+}
+
+// slowSource serves data in chunks, pausing after half until released.
+type slowSource struct {
+	data    []byte
+	release chan struct{}
+}
+
+func (s *slowSource) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Length", fmt.Sprint(len(s.data)))
+	half := len(s.data) / 2
+	w.Write(s.data[:half])
+	w.(http.Flusher).Flush()
+	select {
+	case <-s.release:
+	case <-r.Context().Done():
+		return
+	}
+	w.Write(s.data[half:])
+}
+
+func TestDownloadInterruptedByLossOfLeadershipLeavesNothingAndRestarts(t *testing.T) {
+	e := leader(t)
+	ctx := context.Background()
+	data := bytes.Repeat([]byte("0123456789abcdef"), 256<<10) // 4 MiB
+	slow := &slowSource{data: data, release: make(chan struct{})}
+	src := httptest.NewServer(slow)
+	defer src.Close()
+	defer close(slow.release)
+	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: int64(len(data)), URL: src.URL + "/agent"})
+
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	p := e.prefetcher(3)
+	go func() { done <- p.Run(lctx, e.el.InTerm) }()
+	// Mid-download: the progress is visible to every replica.
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+		return len(dls) == 1 && dls[0].State == "downloading" && dls[0].Bytes >= int64(len(data)/2)-artifacts.ChunkSize && dls[0].Percent > 0
+	}) {
+		t.Fatal("no progress recorded mid-download")
+	}
+	stop() // leadership ends
+	if err := <-done; err == nil {
+		t.Fatal("interrupted run reported success")
+	}
+	if b, _ := artifacts.Blobs(ctx, e.st.Pool); len(b) != 0 || largeObjects(t, e.st.Pool) != 0 {
+		t.Fatalf("partial blob left behind: %+v", b)
+	}
+	// The next leader starts again and stores the verified blob.
+	go func() { time.Sleep(100 * time.Millisecond); slow.release <- struct{}{} }()
+	if err := e.prefetcher(3).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := artifacts.Blobs(ctx, e.st.Pool); len(b) != 1 || b[0].Size != int64(len(data)) {
+		t.Fatalf("blobs after restart: %+v", b)
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	if dls[0].State != "done" || dls[0].Attempts != 2 {
+		t.Fatalf("download record: %+v", dls[0])
+	}
+}
+
+func TestRetentionKeepsNewestVersionsAndWhatAgentsRun(t *testing.T) {
+	e := leader(t)
+	ctx := context.Background()
+	content := map[string][]byte{}
+	src := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(content[r.URL.Path]) }))
+	defer src.Close()
+	for _, v := range []string{"v1.0.0", "v1.1.0", "v1.2.0"} {
+		content["/"+v] = []byte("agent " + v)
+		release(t, e.st.Pool, "agent", v, releases.Asset{Name: "agent", Digest: digestOf(content["/"+v]), Size: -1, URL: src.URL + "/" + v})
+	}
+	if err := e.prefetcher(3).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := artifacts.Blobs(ctx, e.st.Pool); len(b) != 3 {
+		t.Fatalf("blobs: %+v", b)
+	}
+	// An agent runs v1.0.0; keep = 1 keeps v1.2.0 and v1.0.0.
+	if _, err := e.st.Pool.Exec(ctx, `INSERT INTO agents (instance_uid, package_statuses) VALUES ('a1', '{"packages": {"agent": {"agent_has_version": "v1.0.0"}}}')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcher(1).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := artifacts.Blobs(ctx, e.st.Pool)
+	kept := map[string]bool{}
+	for _, x := range b {
+		kept[x.Digest] = true
+	}
+	if len(b) != 2 || !kept[digestOf(content["/v1.2.0"])] || !kept[digestOf(content["/v1.0.0"])] || largeObjects(t, e.st.Pool) != 2 {
+		t.Fatalf("kept: %+v", b)
+	}
+}

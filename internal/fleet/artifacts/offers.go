@@ -1,0 +1,186 @@
+package artifacts
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/open-telemetry/opamp-go/protobufs"
+
+	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+)
+
+// Offer is one package version offered to one agent.
+type Offer struct {
+	InstanceUID string `json:"instance_uid"`
+	Package     string `json:"package"`
+	Version     string `json:"version"`
+	Asset       string `json:"asset"`
+	Digest      string `json:"digest"`
+	Signature   string `json:"signature,omitempty"`
+	SentConn    string `json:"-"`
+}
+
+// ContentHash is the raw sha256 of the file (DownloadableFile.content_hash).
+func (o Offer) ContentHash() []byte {
+	b, _ := hex.DecodeString(strings.TrimPrefix(o.Digest, "sha256:"))
+	return b
+}
+
+// PackageHash is the OpAMP hash of the offered package: sha256 over the
+// package name, the version and the content hash, so that it changes with
+// either.
+func (o Offer) PackageHash() []byte {
+	h := sha256.New()
+	h.Write([]byte(o.Package + "\x00" + o.Version + "\x00" + o.Digest))
+	return h.Sum(nil)
+}
+
+// ErrNotOfferable is returned when a version cannot be offered to an agent.
+var ErrNotOfferable = errors.New("cannot offer")
+
+// OfferVersion offers version of pkg to the agents uids: for each it picks
+// the asset of the agent's platform (os.type, host.arch) or the one for all
+// platforms, requires the blob to be stored and verified, records the offer
+// and notifies the replica the agent is connected to. All or nothing.
+func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, uids []string, by string) ([]Offer, error) {
+	if len(uids) == 0 {
+		return nil, fmt.Errorf("%w: agents: the list is empty", ErrNotOfferable)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var out []Offer
+	for _, uid := range uids {
+		o, err := OfferTx(ctx, tx, pkg, version, uid, by)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, tx.Commit(ctx)
+}
+
+// OfferTx records, inside tx, the offer of version of pkg to agent uid and
+// notifies the replica the agent is connected to when tx commits.
+func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offer, error) {
+	var os, arch string
+	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')) FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Offer{}, fmt.Errorf("%w: agent %q: no such agent", ErrNotOfferable, uid)
+	}
+	if err != nil {
+		return Offer{}, err
+	}
+	o := Offer{InstanceUID: uid, Package: pkg, Version: version}
+	var stored bool
+	err = tx.QueryRow(ctx, `SELECT a.name, a.digest, a.signature, EXISTS (SELECT 1 FROM artifact_blobs b WHERE b.digest = a.digest)
+		FROM package_assets a WHERE a.package = $1 AND a.version = $2 AND ((a.os = $3 AND a.arch = $4) OR a.os = '')
+		ORDER BY a.os DESC, a.name LIMIT 1`, pkg, version, os, arch).Scan(&o.Asset, &o.Digest, &o.Signature, &stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Offer{}, fmt.Errorf("%w: %s %s has no asset for agent %s (platform %q)", ErrNotOfferable, pkg, version, uid, os+"/"+arch)
+	}
+	if err != nil {
+		return Offer{}, err
+	}
+	if !stored {
+		return Offer{}, fmt.Errorf("%w: asset %s of %s %s (%s) is not prefetched yet; see GET /api/v1/artifacts", ErrNotOfferable, o.Asset, pkg, version, o.Digest)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO agent_package_offers (instance_uid, package, version, asset, digest, signature, offered_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (instance_uid, package) DO UPDATE SET version = $3, asset = $4, digest = $5, signature = $6, offered_by = $7,
+			offered_at = now(), sent_conn = '', sent_at = NULL`, uid, pkg, version, o.Asset, o.Digest, o.Signature, by); err != nil {
+		return Offer{}, err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, store.NotifyChannel, opampserver.PackagesNotifyPrefix+uid); err != nil {
+		return Offer{}, err
+	}
+	return o, nil
+}
+
+// Offers returns the offers of the agents uids, by agent.
+func Offers(ctx context.Context, pool *pgxpool.Pool, uids []string) (map[string][]Offer, error) {
+	rows, err := pool.Query(ctx, `SELECT instance_uid, package, version, asset, digest, signature, sent_conn
+		FROM agent_package_offers WHERE instance_uid = ANY($1) ORDER BY instance_uid, package`, uids)
+	if err != nil {
+		return nil, err
+	}
+	os, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Offer])
+	m := map[string][]Offer{}
+	for _, o := range os {
+		m[o.InstanceUID] = append(m[o.InstanceUID], o)
+	}
+	return m, err
+}
+
+// MarkSent records that the offers of uid went out on connection connID.
+func MarkSent(ctx context.Context, pool *pgxpool.Pool, uid, connID string) error {
+	_, err := pool.Exec(ctx, `UPDATE agent_package_offers SET sent_conn = $2, sent_at = now() WHERE instance_uid = $1`, uid, connID)
+	return err
+}
+
+// OfferSource gives the OpAMP server the package offers of its agents
+// (opampserver.Packages), with download URLs on this replica.
+type OfferSource struct {
+	Pool *pgxpool.Pool
+	// BaseURL returns the base URL at which agents reach this replica's
+	// HTTP listener.
+	BaseURL func() string
+	// Auth is the Authorization header value the agent sends with the
+	// download (the same credential check as AgentAuth).
+	Auth string
+}
+
+// Pending implements opampserver.Packages.
+func (s OfferSource) Pending(ctx context.Context, uids []string) (map[string]opampserver.PendingPackages, error) {
+	offers, err := Offers(ctx, s.Pool, uids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]opampserver.PendingPackages, len(offers))
+	for uid, os := range offers {
+		out[uid] = s.available(os)
+	}
+	return out, nil
+}
+
+// Sent implements opampserver.Packages.
+func (s OfferSource) Sent(ctx context.Context, uid, connID string) error {
+	return MarkSent(ctx, s.Pool, uid, connID)
+}
+
+// available builds the PackagesAvailable message of one agent's offers: all
+// of them, since an OpAMP agent removes the packages that are not offered.
+func (s OfferSource) available(os []Offer) opampserver.PendingPackages {
+	pa := &protobufs.PackagesAvailable{Packages: map[string]*protobufs.PackageAvailable{}}
+	all := sha256.New()
+	p := opampserver.PendingPackages{Msg: pa, SentConn: os[0].SentConn}
+	var detail []string
+	for _, o := range os { // ordered by package
+		var hdr *protobufs.Headers
+		if s.Auth != "" {
+			hdr = &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: s.Auth}}}
+		}
+		sig, _ := base64.StdEncoding.DecodeString(o.Signature)
+		ph := o.PackageHash()
+		pa.Packages[o.Package] = &protobufs.PackageAvailable{Type: protobufs.PackageType_PackageType_TopLevel, Version: o.Version, Hash: ph,
+			File: &protobufs.DownloadableFile{DownloadUrl: URL(s.BaseURL(), o.Digest), ContentHash: o.ContentHash(), Signature: sig, Headers: hdr}}
+		all.Write(ph)
+		if o.SentConn != p.SentConn {
+			p.SentConn = ""
+		}
+		detail = append(detail, o.Package+" "+o.Version)
+	}
+	pa.AllPackagesHash = all.Sum(nil)
+	p.Detail = strings.Join(detail, ", ")
+	return p
+}

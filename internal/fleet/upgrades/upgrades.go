@@ -1,0 +1,462 @@
+// Package upgrades runs upgrades of agent software as rollouts: a leader
+// job takes a package version to the agents that match a selector, wave by
+// wave, with the Spec of configuration rollouts (package rollout): waves,
+// max_in_progress, bake_s, apply_timeout_s, failure_policy, max_failed.
+//
+// Each step of a rollout is one term-fenced transaction. Sending an agent
+// the version is an offer (package artifacts: OpAMP PackagesAvailable with
+// the download URL, content hash and signature) recorded with the package
+// hash it must report. The gate reads the agents' PackageStatuses: an
+// agent has installed the version when it reports it installed with the
+// offered hash; it failed when it reports the install failed, does not
+// report within apply_timeout_s, or turns unhealthy. The next wave starts
+// when every agent of the current one installed the version and stayed
+// healthy for bake_s. Too many failures pause the rollout or roll it back:
+// every agent that was sent the version is offered its previous version
+// again.
+package upgrades
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/open-telemetry/opamp-go/protobufs"
+
+	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/jobs"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+)
+
+// States of a package rollout and of its agents.
+const (
+	StatePending     = "pending"
+	StateRunning     = "running"
+	StatePaused      = "paused"
+	StateRollingBack = "rolling_back"
+	StateSucceeded   = "succeeded"
+	StateRolledBack  = "rolled_back"
+	StateAborted     = "aborted"
+	StateFailed      = "failed"
+
+	AgentPending    = "pending"
+	AgentInProgress = "in_progress"
+	AgentInstalled  = "installed"
+	AgentFailed     = "failed"
+	AgentSkipped    = "skipped"
+	AgentReverted   = "reverted"
+)
+
+// Operator commands.
+var commands = map[string]bool{"pause": true, "resume": true, "rollback": true, "abort": true}
+
+// Status names of opamp-go's PackageStatusEnum as the OpAMP server stores them.
+var (
+	statusInstalled     = protobufs.PackageStatusEnum_PackageStatusEnum_Installed.String()
+	statusInstallFailed = protobufs.PackageStatusEnum_PackageStatusEnum_InstallFailed.String()
+)
+
+// Rollout is one package rollout.
+type Rollout struct {
+	ID         int64        `json:"id"`
+	Package    string       `json:"package"`
+	Version    string       `json:"version"`
+	Spec       rollout.Spec `json:"spec"`
+	State      string       `json:"state"`
+	Reason     string       `json:"reason"`
+	Wave       int          `json:"wave"`
+	Waves      int          `json:"waves"`
+	Requested  string       `json:"requested,omitempty"`
+	CreatedBy  string       `json:"created_by"`
+	CreatedAt  time.Time    `json:"created_at"`
+	FinishedAt *time.Time   `json:"finished_at"`
+	// Counts are the agents per state.
+	Counts map[string]int `json:"agents"`
+}
+
+// Create validates and records a rollout of version of pkg; the engine
+// plans it in its next step.
+func Create(ctx context.Context, pool *pgxpool.Pool, pkg, version string, spec rollout.Spec, by string) (Rollout, error) {
+	spec = spec.WithDefaults()
+	if err := spec.Validate(); err != nil {
+		return Rollout{}, err
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM package_releases WHERE package = $1 AND version = $2`, pkg, version).Scan(&n); err != nil {
+		return Rollout{}, err
+	}
+	if n == 0 {
+		return Rollout{}, fmt.Errorf("version %q: no release %s %s is recorded", version, pkg, version)
+	}
+	sj, _ := json.Marshal(spec)
+	r := Rollout{Package: pkg, Version: version, Spec: spec, State: StatePending, CreatedBy: by}
+	err := pool.QueryRow(ctx, `INSERT INTO package_rollouts (package, version, spec, state, created_by) VALUES ($1, $2, $3, 'pending', $4)
+		RETURNING id, created_at`, pkg, version, sj, by).Scan(&r.ID, &r.CreatedAt)
+	return r, err
+}
+
+// ErrNotFound is returned for an unknown rollout.
+var ErrNotFound = errors.New("not found")
+
+// Request stores an operator command for the engine.
+func Request(ctx context.Context, pool *pgxpool.Pool, id int64, cmd string) error {
+	if !commands[cmd] {
+		return fmt.Errorf("command %q: must be pause, resume, rollback or abort", cmd)
+	}
+	tag, err := pool.Exec(ctx, `UPDATE package_rollouts SET requested = $2, updated_at = now() WHERE id = $1
+		AND state IN ('pending', 'running', 'paused', 'rolling_back')`, id, cmd)
+	if err == nil && tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: no active package rollout %d", ErrNotFound, id)
+	}
+	return err
+}
+
+// List returns the package rollouts, newest first, with their agent counts.
+func List(ctx context.Context, pool *pgxpool.Pool) ([]Rollout, error) {
+	rows, err := pool.Query(ctx, `SELECT r.id, r.package, r.version, r.spec, r.state, r.reason, r.wave, r.waves, r.requested, r.created_by, r.created_at, r.finished_at,
+			coalesce((SELECT jsonb_object_agg(s, c) FROM (SELECT state s, count(*) c FROM package_rollout_agents WHERE rollout_id = r.id GROUP BY state) x), '{}')
+		FROM package_rollouts r ORDER BY r.id DESC`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rollout, error) {
+		var r Rollout
+		var sj []byte
+		err := row.Scan(&r.ID, &r.Package, &r.Version, &sj, &r.State, &r.Reason, &r.Wave, &r.Waves, &r.Requested, &r.CreatedBy, &r.CreatedAt, &r.FinishedAt, &r.Counts)
+		if err == nil {
+			err = json.Unmarshal(sj, &r.Spec)
+		}
+		return r, err
+	})
+}
+
+// Engine is the leader job.
+type Engine struct {
+	Pool *pgxpool.Pool
+	Log  *slog.Logger
+}
+
+// Job returns the leader job.
+func (e *Engine) Job(interval time.Duration) jobs.Job {
+	return jobs.Job{Name: "package_rollouts", Interval: interval, Run: e.Run}
+}
+
+// Run takes every active rollout one step, each in its own fenced
+// transaction.
+func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
+	rows, err := e.Pool.Query(ctx, `SELECT id FROM package_rollouts WHERE state IN ('pending', 'running', 'paused', 'rolling_back') ORDER BY id`)
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		if err := fence(ctx, func(ctx context.Context, tx pgx.Tx) error { return e.step(ctx, tx, id) }); err != nil {
+			errs = append(errs, fmt.Errorf("package rollout %d: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Engine) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Log
+}
+
+func setState(ctx context.Context, tx pgx.Tx, id int64, state, reason string) error {
+	_, err := tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = '', updated_at = now(),
+		finished_at = CASE WHEN $2 IN ('succeeded', 'rolled_back', 'aborted', 'failed') THEN now() END WHERE id = $1`, id, state, reason)
+	return err
+}
+
+func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
+	var r Rollout
+	var sj []byte
+	if err := tx.QueryRow(ctx, `SELECT package, version, spec, state, wave, waves, requested FROM package_rollouts WHERE id = $1 FOR UPDATE`, id).
+		Scan(&r.Package, &r.Version, &sj, &r.State, &r.Wave, &r.Waves, &r.Requested); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(sj, &r.Spec); err != nil {
+		return err
+	}
+	r.ID = id
+	switch r.Requested {
+	case "abort":
+		return setState(ctx, tx, id, StateAborted, "aborted by the operator")
+	case "rollback":
+		r.State = StateRollingBack
+		if err := setState(ctx, tx, id, StateRollingBack, "rollback requested by the operator"); err != nil {
+			return err
+		}
+	case "pause":
+		if r.State == StateRunning {
+			return setState(ctx, tx, id, StatePaused, "paused by the operator")
+		}
+	case "resume":
+		if r.State == StatePaused {
+			// Failures so far are forgiven: they count from the resume.
+			if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'skipped', error = 'failed before the resume: ' || error
+				WHERE rollout_id = $1 AND state = 'failed'`, id); err != nil {
+				return err
+			}
+			r.State = StateRunning
+			if err := setState(ctx, tx, id, StateRunning, ""); err != nil {
+				return err
+			}
+		}
+	}
+	switch r.State {
+	case StatePending:
+		return e.plan(ctx, tx, r)
+	case StateRunning:
+		return e.advance(ctx, tx, r)
+	case StateRollingBack:
+		return e.rollBack(ctx, tx, r)
+	}
+	return nil
+}
+
+// plan selects the agents, orders them by uid and splits them into waves.
+func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
+	sel, _ := json.Marshal(r.Spec.Selector)
+	if r.Spec.Selector == nil {
+		sel = []byte("{}")
+	}
+	rows, err := tx.Query(ctx, `SELECT instance_uid, coalesce(package_statuses->'packages'->$1->>'agent_has_version', '')
+		FROM agents WHERE attrs @> $2::jsonb AND capabilities & $3 <> 0 ORDER BY instance_uid`,
+		r.Package, string(sel), int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages))
+	if err != nil {
+		return err
+	}
+	type ag struct{ uid, prev string }
+	ags, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ag, error) {
+		var a ag
+		return a, row.Scan(&a.uid, &a.prev)
+	})
+	if err != nil {
+		return err
+	}
+	if len(ags) == 0 {
+		return setState(ctx, tx, r.ID, StateFailed, "no agent that accepts packages matches the selector")
+	}
+	sizes := r.Spec.WaveSizes(len(ags))
+	i := 0
+	for w, n := range sizes {
+		for range n {
+			if _, err := tx.Exec(ctx, `INSERT INTO package_rollout_agents (rollout_id, instance_uid, wave, previous_version) VALUES ($1, $2, $3, $4)`,
+				r.ID, ags[i].uid, w, ags[i].prev); err != nil {
+				return err
+			}
+			i++
+		}
+	}
+	e.log().Info("package rollout planned", "rollout", r.ID, "package", r.Package, "version", r.Version, "agents", len(ags), "waves", len(sizes))
+	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET state = 'running', wave = 0, waves = $2, updated_at = now() WHERE id = $1`, r.ID, len(sizes))
+	return err
+}
+
+type agentRow struct {
+	uid, state, offeredHash, prev string
+	wave                          int
+	sentAt, installedAt           *time.Time
+	// From the agent's report.
+	online                                   bool
+	healthy                                  *bool
+	hasVersion, hasHash, status, reportError string
+}
+
+func (e *Engine) agents(ctx context.Context, tx pgx.Tx, r Rollout) ([]agentRow, error) {
+	rows, err := tx.Query(ctx, `SELECT ra.instance_uid, ra.state, ra.offered_hash, ra.previous_version, ra.wave, ra.sent_at, ra.installed_at,
+			coalesce(a.status = 'online', false), a.healthy,
+			coalesce(a.package_statuses->'packages'->$2->>'agent_has_version', ''), coalesce(a.package_statuses->'packages'->$2->>'agent_has_hash', ''),
+			coalesce(a.package_statuses->'packages'->$2->>'status', ''), coalesce(a.package_statuses->'packages'->$2->>'error', '')
+		FROM package_rollout_agents ra LEFT JOIN agents a ON a.instance_uid = ra.instance_uid
+		WHERE ra.rollout_id = $1 ORDER BY ra.wave, ra.instance_uid`, r.ID, r.Package)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (agentRow, error) {
+		var a agentRow
+		return a, row.Scan(&a.uid, &a.state, &a.offeredHash, &a.prev, &a.wave, &a.sentAt, &a.installedAt, &a.online, &a.healthy,
+			&a.hasVersion, &a.hasHash, &a.status, &a.reportError)
+	})
+}
+
+func setAgent(ctx context.Context, tx pgx.Tx, id int64, uid, state, msg string) error {
+	_, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = $3, error = $4,
+		installed_at = CASE WHEN $3 = 'installed' THEN coalesce(installed_at, now()) ELSE installed_at END
+		WHERE rollout_id = $1 AND instance_uid = $2`, id, uid, state, msg)
+	return err
+}
+
+// advance reads the reports, applies the failure policy, sends the
+// current wave and opens the next one when the gate passes.
+func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
+	ags, err := e.agents(ctx, tx, r)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	failed, inProgress := 0, 0
+	for i := range ags {
+		a := &ags[i]
+		switch a.state {
+		case AgentInProgress:
+			switch {
+			case a.status == statusInstalled && a.hasVersion == r.Version && a.hasHash == a.offeredHash:
+				a.state = AgentInstalled
+				t := now
+				a.installedAt = &t
+				if err := setAgent(ctx, tx, r.ID, a.uid, AgentInstalled, ""); err != nil {
+					return err
+				}
+			case a.status == statusInstallFailed:
+				a.state = AgentFailed
+				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, "install failed: "+a.reportError); err != nil {
+					return err
+				}
+			case a.sentAt != nil && now.Sub(*a.sentAt) > r.Spec.ApplyTimeout():
+				a.state = AgentFailed
+				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, fmt.Sprintf("no installed report within apply_timeout_s %.0f", r.Spec.ApplyTimeoutS)); err != nil {
+					return err
+				}
+			}
+		case AgentInstalled:
+			if a.healthy != nil && !*a.healthy {
+				a.state = AgentFailed
+				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, "unhealthy after the install"); err != nil {
+					return err
+				}
+			}
+		}
+		switch a.state {
+		case AgentFailed:
+			failed++
+		case AgentInProgress:
+			inProgress++
+		}
+	}
+	if tooManyFailed(r.Spec, failed, len(ags)) {
+		reason := fmt.Sprintf("%d agents failed (max_failed %d, max_failed_percent %g)", failed, r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
+		e.log().Warn("package rollout failed its gate", "rollout", r.ID, "reason", reason, "policy", r.Spec.FailurePolicy)
+		if r.Spec.FailurePolicy == rollout.PolicyRollback {
+			return setState(ctx, tx, r.ID, StateRollingBack, reason)
+		}
+		return setState(ctx, tx, r.ID, StatePaused, reason)
+	}
+	// Send the pending agents of the current wave.
+	open, baked := false, true
+	for _, a := range ags {
+		if a.wave != r.Wave {
+			continue
+		}
+		switch a.state {
+		case AgentPending:
+			open = true
+			if inProgress >= r.Spec.MaxInProgress {
+				continue
+			}
+			if !a.online {
+				if err := setAgent(ctx, tx, r.ID, a.uid, AgentSkipped, "offline at its turn"); err != nil {
+					return err
+				}
+				continue
+			}
+			o, err := artifacts.OfferTx(ctx, tx, r.Package, r.Version, a.uid, fmt.Sprintf("package rollout %d", r.ID))
+			if err != nil {
+				if errors.Is(err, artifacts.ErrNotOfferable) {
+					if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, err.Error()); err != nil {
+						return err
+					}
+					continue
+				}
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'in_progress', sent_at = now(), offered_hash = $3
+				WHERE rollout_id = $1 AND instance_uid = $2`, r.ID, a.uid, hex.EncodeToString(o.PackageHash())); err != nil {
+				return err
+			}
+			inProgress++
+		case AgentInProgress:
+			open = true
+		case AgentInstalled:
+			if a.installedAt == nil || now.Sub(*a.installedAt) < r.Spec.Bake() {
+				baked = false
+			}
+		}
+	}
+	if open || !baked {
+		return nil
+	}
+	next := r.Wave + 1
+	if next >= r.Waves {
+		e.log().Info("package rollout succeeded", "rollout", r.ID, "package", r.Package, "version", r.Version)
+		if _, err := tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2 WHERE id = $1`, r.ID, next); err != nil {
+			return err
+		}
+		return setState(ctx, tx, r.ID, StateSucceeded, "")
+	}
+	e.log().Info("package rollout gate passed", "rollout", r.ID, "wave", r.Wave, "next", next)
+	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, updated_at = now() WHERE id = $1`, r.ID, next)
+	return err
+}
+
+// rollBack offers every agent that was sent the version its previous one.
+func (e *Engine) rollBack(ctx context.Context, tx pgx.Tx, r Rollout) error {
+	ags, err := e.agents(ctx, tx, r)
+	if err != nil {
+		return err
+	}
+	for _, a := range ags {
+		if a.sentAt == nil || a.state == AgentReverted {
+			continue
+		}
+		msg := "offered the previous version " + a.prev
+		if a.prev == "" || a.prev == r.Version {
+			// Nothing to go back to: withdraw the offer.
+			if _, err := tx.Exec(ctx, `DELETE FROM agent_package_offers WHERE instance_uid = $1 AND package = $2`, a.uid, r.Package); err != nil {
+				return err
+			}
+			msg = "offer withdrawn (no previous version)"
+		} else if _, err := artifacts.OfferTx(ctx, tx, r.Package, a.prev, a.uid, fmt.Sprintf("rollback of package rollout %d", r.ID)); err != nil {
+			if !errors.Is(err, artifacts.ErrNotOfferable) {
+				return err
+			}
+			msg = "previous version not offerable: " + err.Error()
+		}
+		if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'reverted', error = $3 WHERE rollout_id = $1 AND instance_uid = $2`,
+			r.ID, a.uid, msg); err != nil {
+			return err
+		}
+	}
+	e.log().Warn("package rollout rolled back", "rollout", r.ID, "package", r.Package, "version", r.Version)
+	var reason string
+	if err := tx.QueryRow(ctx, `SELECT reason FROM package_rollouts WHERE id = $1`, r.ID).Scan(&reason); err != nil {
+		return err
+	}
+	return setState(ctx, tx, r.ID, StateRolledBack, reason)
+}
+
+// tooManyFailed is the failure threshold of configuration rollouts: more
+// than MaxFailed agents, or more than MaxFailedPercent % of the planned
+// ones; with only MaxFailedPercent set, only the share counts.
+func tooManyFailed(s rollout.Spec, failed, planned int) bool {
+	if s.MaxFailedPercent > 0 && planned > 0 && float64(failed)*100 > s.MaxFailedPercent*float64(planned) {
+		return true
+	}
+	if s.MaxFailedPercent > 0 && s.MaxFailed == 0 {
+		return false
+	}
+	return failed > s.MaxFailed
+}
