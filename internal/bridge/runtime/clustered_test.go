@@ -387,17 +387,26 @@ func startEtcd(t *testing.T) string {
 		defer l.Close()
 		return url.URL{Scheme: "http", Host: l.Addr().String()}
 	}
-	cfg := embed.NewConfig()
-	cfg.Name = "bridge-test"
-	cfg.Dir = t.TempDir()
-	client, peer := free(), free()
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
+	// A port found free can be taken by a parallel test before etcd binds
+	// it: try again with new ports.
+	var e *embed.Etcd
+	var client url.URL
+	for attempt := 1; ; attempt++ {
+		cfg := embed.NewConfig()
+		cfg.Name = "bridge-test"
+		cfg.Dir = t.TempDir()
+		var peer url.URL
+		client, peer = free(), free()
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+		var err error
+		if e, err = embed.StartEtcd(cfg); err == nil {
+			break
+		} else if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(e.Close)
 	select {
