@@ -215,8 +215,9 @@ func TestDuplicateUIDsDoNotStorm(t *testing.T) {
 		t.Fatalf("the original or the clone was kicked off: %d %d connects", a.Connects(), clone.Connects())
 	}
 	// opamp-go counts OnConnectFailed twice per attempt; with Retry-After
-	// the attempts are a few, not hundreds.
-	if f := copyCat.ConnectFailures() / 2; f > 5 {
+	// the attempts are a few (a loaded machine makes it up to about 6),
+	// not the hundreds per second of a storm.
+	if f := copyCat.ConnectFailures() / 2; f > 15 {
 		t.Fatalf("%d refused attempts in %v: the client does not back off", f, window)
 	}
 }
