@@ -11,10 +11,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/releases/ocitest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
-	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/pgleader"
 )
