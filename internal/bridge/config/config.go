@@ -186,6 +186,9 @@ type RouteSettings struct {
 	Mappings []Mapping
 	// Retain is keep, clear or drop (see routing.RetainPolicy).
 	Retain string
+	// LoopPeer names the route of the opposite direction of a loop pair
+	// ("" none).
+	LoopPeer string
 	// Policy is set when the session is exclusive.
 	Policy *failover.SessionPolicy
 	// PeakMessageRate is the declared peak rate in msg/s; 0 undeclared.

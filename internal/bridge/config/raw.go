@@ -169,6 +169,10 @@ type Route struct {
 	// Retain is keep (default), clear or drop: what the route does with
 	// messages that carry the retain flag.
 	Retain string `yaml:"retain"`
+	// LoopPeer names the route that bridges the opposite direction
+	// between the same brokers; the two must name each other (see
+	// routing.RouteConfig.LoopPeer).
+	LoopPeer string `yaml:"loop_peer"`
 
 	LeaseTTL             string `yaml:"lease_ttl"`
 	RenewInterval        string `yaml:"renew_interval"`

@@ -534,7 +534,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 	for i, r := range f.Routes {
 		p := fmt.Sprintf("routes[%d]", i)
 		v.id(p+".id", r.ID, seen)
-		rs := RouteSettings{ID: r.ID, Receiver: r.Receiver, Senders: r.Senders, MaxInFlight: r.MaxInFlight, PeakMessageRate: r.PeakMessageRate}
+		rs := RouteSettings{ID: r.ID, Receiver: r.Receiver, Senders: r.Senders, MaxInFlight: r.MaxInFlight, PeakMessageRate: r.PeakMessageRate, LoopPeer: r.LoopPeer}
 		if r.PeakMessageRate < 0 || math.IsNaN(r.PeakMessageRate) || math.IsInf(r.PeakMessageRate, 0) {
 			v.add(p+".peak_message_rate", r.PeakMessageRate, "must be a positive number of messages per second, or omitted")
 			rs.PeakMessageRate = 0
@@ -669,6 +669,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 	if len(f.Routes) == 0 {
 		v.add("routes", nil, "at least one route is required")
 	}
+	v.loopPeers(f, cfg)
 	for i, s := range cfg.Sessions {
 		used := slices.ContainsFunc(cfg.Routes, func(rt RouteSettings) bool { return rt.Session == s.ID && s.ID != "" })
 		if s.Mode == Exclusive && !used {
@@ -683,6 +684,34 @@ func (v *validator) routes(f *File, cfg *Config) {
 	}
 	if cfg.Bridge.DeploymentMode == failover.Clustered && cfg.LeaseStore.Type == leaseStoreSQLite && slices.ContainsFunc(cfg.Sessions, func(s SessionSettings) bool { return s.Mode == Exclusive }) {
 		v.add("stores.lease.type", cfg.LeaseStore.Type, "clustered mode needs a shared lease store (postgres or etcd); sqlite is process-local to one host")
+	}
+}
+
+// loopPeers checks the loop pairs: a route's loop_peer names another route
+// that names it back, and both deliver only to mqtt senders, since the hop
+// stamp that breaks the loop travels as an MQTT 5 user property.
+func (v *validator) loopPeers(f *File, cfg *Config) {
+	for i, r := range f.Routes {
+		if r.LoopPeer == "" {
+			continue
+		}
+		p := fmt.Sprintf("routes[%d].loop_peer", i)
+		j := slices.IndexFunc(f.Routes, func(o Route) bool { return o.ID == r.LoopPeer })
+		switch {
+		case r.LoopPeer == r.ID:
+			v.add(p, r.LoopPeer, "must name the route of the opposite direction, not the route itself")
+			continue
+		case j < 0:
+			v.add(p, r.LoopPeer, "names no route")
+			continue
+		case f.Routes[j].LoopPeer != r.ID:
+			v.add(p, r.LoopPeer, "route %q must name %q as its loop_peer: a loop pair is two routes that name each other (it has %q)", r.LoopPeer, r.ID, f.Routes[j].LoopPeer)
+		}
+		for k, s := range r.Senders {
+			if st := cfg.Sender(s); st != nil && st.Type != senderMQTT {
+				v.add(fmt.Sprintf("routes[%d].senders[%d]", i, k), s, "is a %s sender; a route with loop_peer needs mqtt senders, which carry the hop stamp (user property %q) that its peer recognises", st.Type, "myriarch-bridge-hop")
+			}
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ type Bridge struct {
 	Failed         *prometheus.CounterVec   // route, sender: failed delivery attempts
 	DeadLettered   *prometheus.CounterVec   // route, sender
 	Unroutable     *prometheus.CounterVec   // session
+	LoopDropped    *prometheus.CounterVec   // route: messages its loop peer published
 	InFlight       *prometheus.GaugeVec     // route
 	ServiceLevel   *prometheus.GaugeVec     // session: 0 none, 1 degraded, 2 full
 	Owner          *prometheus.GaugeVec     // session: 1 serving as lease owner, 0 standby
@@ -40,6 +41,8 @@ func New(reg prometheus.Registerer) *Bridge {
 			Help: "Messages written to the dead-letter file after the sender's retries ran out."}, []string{"route", "sender"}),
 		Unroutable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_bridge_messages_unroutable_total",
 			Help: "Messages that matched no route's receiver (acknowledged and dropped)."}, []string{"session"}),
+		LoopDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_bridge_messages_loop_dropped_total",
+			Help: "Messages a route did not take because its loop peer route had published them (loop_peer)."}, []string{"route"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_messages_in_flight",
 			Help: "Messages received and not yet accepted by every sender of the route."}, []string{"route"}),
 		ServiceLevel: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_service_level",
@@ -61,7 +64,7 @@ func New(reg prometheus.Registerer) *Bridge {
 			Help: "1 while the owner's broker path is lost, or not yet converged since it won the lease (the broker_health_step_down clock runs)."}, []string{"session"}),
 	}
 	if reg != nil {
-		reg.MustRegister(b.In, b.Out, b.Failed, b.DeadLettered, b.Unroutable, b.InFlight, b.ServiceLevel, b.Owner, b.TakeoverToFull,
+		reg.MustRegister(b.In, b.Out, b.Failed, b.DeadLettered, b.Unroutable, b.LoopDropped, b.InFlight, b.ServiceLevel, b.Owner, b.TakeoverToFull,
 			b.FailureToFull, b.StepDowns, b.BrokerPathDown)
 	}
 	return b

@@ -34,16 +34,20 @@ func (t bootTenure) Valid() bool { return t.clock.Now().Unix() > 0 }
 // bookkeeping that keeps per-topic order across retries, without I/O.
 // "fenced" adds what an exclusive session's tenure costs here per message:
 // the route's tenure check, the sender's, and the stamp (the transport adds
-// two more checks: intake and acknowledgment).
+// two more checks: intake and acknowledgment). "loop_peer" is a route of a
+// loop pair: the check for the peer's stamp and the hop stamp it adds.
 func BenchmarkDeliver(b *testing.B) {
 	for _, c := range []struct {
-		name   string
-		fenced bool
-	}{{"plain", false}, {"fenced", true}} {
+		name           string
+		fenced, looped bool
+	}{{"plain", false, false}, {"fenced", true, false}, {"loop_peer", false, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := routing.RouteConfig{ID: "r", Filters: []string{"#"}, Targets: []routing.Target{{ID: "a", Sender: checking{}}}}
 			if c.fenced {
 				cfg.Fence, cfg.Tenure = fence.New(42, "b/s"), bootTenure{}
+			}
+			if c.looped {
+				cfg.LoopPeer = "peer"
 			}
 			route := routing.NewRoute(cfg)
 			defer route.Close()

@@ -68,6 +68,15 @@ type RouteConfig struct {
 	// Retain is what the route does with a message that carries the
 	// retain flag (default RetainKeep).
 	Retain RetainPolicy
+	// LoopPeer, if set, names the route that bridges the opposite
+	// direction between the same two brokers (a loop pair). The route
+	// stamps what it publishes with the user property HopProperty set to
+	// its own ID, and does not take a message stamped with LoopPeer: its
+	// peer published it, so sending it back would echo it forever. It is
+	// opt-in because the stamp is only a loop when it comes back from the
+	// peer: a route chained after this one (this route's destination is
+	// its source) must still take what this route published.
+	LoopPeer string
 	// Tenure, if set, is the lease tenure the route works for. A message
 	// that had to wait for a slot is not taken once the tenure is invalid
 	// (the transport checks at intake), a lane of an ended tenure sends
@@ -83,6 +92,11 @@ type RouteConfig struct {
 type Mapping struct {
 	Pattern, SourcePrefix, DestinationPrefix string
 }
+
+// HopProperty is the MQTT 5 user property that a route of a loop pair
+// (RouteConfig.LoopPeer) stamps on what it publishes: its value is the
+// publishing route's ID.
+const HopProperty = "myriarch-bridge-hop"
 
 // RetainPolicy is a route's handling of retained messages: those the
 // broker sends when the session subscribes and live ones published with
@@ -128,6 +142,7 @@ type Route struct {
 	// The route's metric series, resolved once.
 	mIn       prometheus.Counter
 	mInFlight prometheus.Gauge
+	mLoop     prometheus.Counter
 }
 
 // target is one sender of the route with its lanes: per topic, the
@@ -190,7 +205,8 @@ func NewRoute(cfg RouteConfig) *Route {
 	}
 	r := &Route{cfg: cfg, log: cfg.Logger.With("route", cfg.ID), slots: make(chan struct{}, cfg.MaxInFlight),
 		timers: map[*time.Timer]struct{}{}, quit: make(chan struct{}),
-		mIn: cfg.Metrics.In.WithLabelValues(cfg.ID), mInFlight: cfg.Metrics.InFlight.WithLabelValues(cfg.ID)}
+		mIn: cfg.Metrics.In.WithLabelValues(cfg.ID), mInFlight: cfg.Metrics.InFlight.WithLabelValues(cfg.ID),
+		mLoop: cfg.Metrics.LoopDropped.WithLabelValues(cfg.ID)}
 	for i := range r.cfg.Targets {
 		t := &r.cfg.Targets[i]
 		t.MaxAttempts = max(1, t.MaxAttempts)
@@ -272,6 +288,13 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 		settled()
 		return nil
 	}
+	if r.fromPeer(m) {
+		// The peer route published it on this route's source broker: it
+		// has already been bridged in the other direction.
+		r.mLoop.Inc()
+		settled()
+		return nil
+	}
 	select {
 	case r.slots <- struct{}{}:
 	default:
@@ -304,6 +327,9 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 		c.ResponseTopic = r.Rewrite(props.ResponseTopic)
 		props = &c
 	}
+	if r.cfg.LoopPeer != "" {
+		props = r.stampHop(props)
+	}
 	var pending atomic.Int32
 	pending.Store(int32(len(r.targets)))
 	finish := func() {
@@ -335,6 +361,41 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 		r.flush(t) // unlocks t.mu
 	}
 	return nil
+}
+
+// fromPeer reports whether m carries the hop stamp of the route's loop
+// peer.
+func (r *Route) fromPeer(m *mqtt.Message) bool {
+	if r.cfg.LoopPeer == "" || m.Properties == nil {
+		return false
+	}
+	for _, u := range m.Properties.User {
+		if u.Key == HopProperty && u.Value == r.cfg.LoopPeer {
+			return true
+		}
+	}
+	return false
+}
+
+// stampHop returns a copy of props (nil: none) whose hop stamp is the
+// route's ID, replacing any the message arrived with: a message carries
+// the route that published it last, so that a pair further down a chain
+// recognises its own peer.
+func (r *Route) stampHop(props *sender.Properties) *sender.Properties {
+	var c sender.Properties
+	if props != nil {
+		c = *props
+	}
+	c.User = make([]sender.UserProperty, 0, len(c.User)+1)
+	if props != nil {
+		for _, u := range props.User {
+			if u.Key != HopProperty {
+				c.User = append(c.User, u)
+			}
+		}
+	}
+	c.User = append(c.User, sender.UserProperty{Key: HopProperty, Value: r.cfg.ID})
+	return &c
 }
 
 // flush hands the outbox to the sender unless another goroutine already

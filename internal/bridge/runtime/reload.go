@@ -244,7 +244,7 @@ func (r *runner) buildRoutes(cfg *config.Config, settings []config.RouteSettings
 				InitialBackoff: st.InitialBackoff, MaxBackoff: st.MaxBackoff})
 		}
 		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
-			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, Retain: routing.RetainPolicy(rt.Retain), Mappings: mappings(rt.Mappings), DeadLetter: r.b.dl,
+			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, Retain: routing.RetainPolicy(rt.Retain), Mappings: mappings(rt.Mappings), LoopPeer: rt.LoopPeer, DeadLetter: r.b.dl,
 			Metrics: r.b.met, Logger: r.log, Fence: stamp, Tenure: guard}))
 	}
 	return routes
