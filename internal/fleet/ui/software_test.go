@@ -11,6 +11,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
+	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/ui"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
@@ -35,7 +36,12 @@ func TestSoftwarePageShowsSourcesReleasesAndProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Shutdown()
-	tok, err := d.Store.CreateToken(ctx, "ui")
+	// The UI's cookie is an opaque session of a token, not the token.
+	tk, _, err := d.Store.IssueTokenRole(ctx, "ui", store.RoleViewer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := d.Store.CreateSession(ctx, tk.ID, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
