@@ -149,3 +149,64 @@ func TestPlannedStopSettlesBeforeRelease(t *testing.T) {
 	t.Logf("a settled %d deliveries after the stop; release %v after the stop, %v after a's last delivery; b's first delivery %v after a's last",
 		afterStop, released.Sub(stopAt).Round(time.Millisecond), released.Sub(lastA).Round(time.Millisecond), firstB.Sub(lastA).Round(time.Millisecond))
 }
+
+// cutTemplate settles for up to 30s (step_down_grace) but gives the whole
+// stop 1s (shutdown_timeout).
+var cutTemplate = strings.NewReplacer("    lease_ttl: 5s\n", "    lease_ttl: 120s\n    renew_interval: 30s\n",
+	"    step_down_grace: 1s\n", "    step_down_grace: 30s\n", "failover_slo: 60s", "failover_slo: 600s",
+	"shutdown_timeout: 5s", "shutdown_timeout: 1s").Replace(cfgTemplate)
+
+// A planned stop whose in-flight messages cannot settle (the destination
+// hangs) is cut at shutdown_timeout, not at the longer step_down_grace:
+// the lease is released, and the successor delivers what was left
+// unacknowledged.
+func TestPlannedStopCutAtShutdownTimeout(t *testing.T) {
+	br, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	dir := t.TempDir()
+	block := make(chan struct{})
+	sk := newSlowSink(t, 0, block)
+	var arrivals sync.WaitGroup
+	arrivals.Add(1)
+	var once sync.Once
+	inner := sk.srv.Config.Handler
+	sk.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(arrivals.Done)
+		inner.ServeHTTP(w, r)
+	})
+	relA := &releases{}
+	a := startWith(t, cutTemplate, dir, "a", br.URL, sk.srv.URL, runtime.Options{OnLeaseEvent: relA.add})
+	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	bb := startWith(t, cutTemplate, dir, "b", br.URL, sk.srv.URL, runtime.Options{})
+	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+	p := publisher(t, br.URL)
+	pub(t, p, 0, 5)
+	arrivals.Wait() // a's first POST hangs at the sink
+
+	stopAt := time.Now()
+	a.cancel()
+	select {
+	case err := <-a.done:
+		a.done <- err
+	case <-time.After(20 * time.Second):
+		t.Fatal("a's stop was not cut at shutdown_timeout (1s): it waited for step_down_grace (30s)")
+	}
+	if _, ok := relA.of(1); !ok {
+		t.Fatal("a did not release its lease")
+	}
+	t.Logf("a stopped %v after the stop began (shutdown_timeout 1s, step_down_grace 30s)", time.Since(stopAt).Round(time.Millisecond))
+	close(block)
+	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
+	waitFor(t, "b delivers all 5", func() bool {
+		got := map[string]bool{}
+		for _, d := range sk.deliveries() {
+			if d.version == "2" {
+				got[d.payload] = true
+			}
+		}
+		return len(got) == 5
+	})
+}
