@@ -22,7 +22,7 @@ import (
 func init() {
 	commands.Register(cli.Command{
 		Name:    "lab",
-		Summary: "measure failover under owner faults (SIGKILL, broker-path blackhole, SIGSTOP, store partition, unreachable broker); report failure-to-full, loss, duplicates and stale owners",
+		Summary: "measure failover under owner faults (SIGKILL, broker-path blackhole, SIGSTOP, store partition, unreachable broker) and a planned stop (SIGTERM); report failure-to-full, the planned stop's handover gap, loss, duplicates and stale owners",
 		Run:     runLab,
 	})
 }
@@ -120,6 +120,12 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%d\t%d\t%d\t%d (%d)\t%d\t%d\t%t\t%t\n", r.Scenario, r.BudgetS, r.FaultToFirstDeliveryS, r.FailureToFullS, r.MessagesPublished, r.MessagesDelivered, r.Lost, r.Duplicates, r.DuplicateBound, r.StaleDeliveries, r.OldOwnerReconnects, r.TwoOwners, r.Pass)
 		}
 		tw.Flush()
+		for _, r := range rep.Scenarios {
+			if r.HandoverGapS != nil && r.HandoverS != nil && r.ActivationS != nil {
+				fmt.Fprintf(stdout, "round %d %s: old owner's last delivery → successor's first %.3fs = handover %.3fs (limit %v) + activation %.3fs\n",
+					r.Round, r.Scenario, *r.HandoverGapS, *r.HandoverS, lab.PlannedStopHandover, *r.ActivationS)
+			}
+		}
 		for _, r := range rep.Scenarios {
 			for _, p := range r.Problems {
 				fmt.Fprintf(stdout, "round %d %s: %s\n", r.Round, r.Scenario, p)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -66,7 +67,7 @@ func TestLab(t *testing.T) {
 				// instance can take the lease until it is resumed (a
 				// limitation of the sqlite store that docs/bridge.md
 				// states with the lab's measured frequency).
-				scenarios = strings.Join([]string{lab.OwnerSIGKILL, lab.OwnerBrokerPathBlackhole, lab.OwnerStorePartition, lab.OwnerBrokerUnreachable}, ",")
+				scenarios = strings.Join([]string{lab.OwnerSIGKILL, lab.OwnerBrokerPathBlackhole, lab.OwnerStorePartition, lab.OwnerBrokerUnreachable, lab.OwnerPlannedStop}, ",")
 			}
 			args := []string{"lab", "--json", "--rate", "100", "--scenarios", scenarios, "--store", tc.store}
 			if tc.store == lab.StorePostgres {
@@ -103,6 +104,20 @@ func TestLab(t *testing.T) {
 				if r.Scenario == lab.OwnerBrokerPathBlackhole && (r.OwnerExitCode == nil || *r.OwnerExitCode != exitStepDown) {
 					t.Errorf("broker-path owner exited %v, want %d", r.OwnerExitCode, exitStepDown)
 				}
+				if r.Scenario == lab.OwnerPlannedStop {
+					// The release wakes the standby: the handover (old
+					// owner's last delivery → successor's grant) is far
+					// below a poll (acquire_poll_interval, seconds here).
+					if r.HandoverS == nil || r.HandoverGapS == nil || r.ActivationS == nil || *r.HandoverS > lab.PlannedStopHandover.Seconds() {
+						t.Errorf("planned stop: handover %v, gap %v, activation %v; want the handover within %v", fptr(r.HandoverS), fptr(r.HandoverGapS), fptr(r.ActivationS), lab.PlannedStopHandover)
+					}
+					if r.OwnerExitCode == nil || *r.OwnerExitCode != 0 {
+						t.Errorf("planned stop: the owner exited %v, want 0", r.OwnerExitCode)
+					}
+					if r.HandoverS != nil {
+						t.Logf("%s planned stop: gap %.3fs = handover %.3fs + activation %.3fs, duplicates %d", tc.name, *r.HandoverGapS, *r.HandoverS, *r.ActivationS, r.Duplicates)
+					}
+				}
 			}
 			if len(rep.StoreAnomalies) != 0 || rep.StoreHistory == 0 {
 				t.Errorf("lease store history: %d transitions, anomalies %q", rep.StoreHistory, rep.StoreAnomalies)
@@ -112,4 +127,11 @@ func TestLab(t *testing.T) {
 			}
 		})
 	}
+}
+
+func fptr(p *float64) string {
+	if p == nil {
+		return "none"
+	}
+	return strconv.FormatFloat(*p, 'f', 3, 64)
 }

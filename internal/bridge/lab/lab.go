@@ -19,7 +19,14 @@
 //     store history (polled by the lab) in which a version goes back or
 //     names two holders;
 //   - for owner_sigstop, whether the resumed owner reconnected to the source
-//     broker (its broker proxy counts connections).
+//     broker (its broker proxy counts connections);
+//   - for owner_planned_stop (SIGTERM: the owner settles what it holds,
+//     then releases its lease), the gap between the old owner's last
+//     delivery and the successor's first, split into the handover (old
+//     owner's last delivery → the successor's grant) and the successor's
+//     activation (grant → its first delivery). The handover must stay
+//     within PlannedStopHandover: the standby learns of the release at
+//     once instead of at its next poll.
 //
 // With Runs set, rounds pick their scenario and timing from a seeded
 // random source, and the report ends with one summary.
@@ -58,10 +65,19 @@ const (
 	OwnerSIGSTOP             = "owner_sigstop"
 	OwnerStorePartition      = "owner_store_partition"
 	OwnerBrokerUnreachable   = "owner_broker_unreachable"
+	OwnerPlannedStop         = "owner_planned_stop"
 )
 
 // AllScenarios in the order a full run injects them.
-var AllScenarios = []string{OwnerSIGKILL, OwnerBrokerPathBlackhole, OwnerSIGSTOP, OwnerStorePartition, OwnerBrokerUnreachable}
+var AllScenarios = []string{OwnerSIGKILL, OwnerBrokerPathBlackhole, OwnerSIGSTOP, OwnerStorePartition, OwnerBrokerUnreachable, OwnerPlannedStop}
+
+// PlannedStopHandover is the most owner_planned_stop allows between the
+// old owner's last delivery and the successor's lease grant: settling
+// what was in flight, the release, the store's wake-up of the standby and
+// its acquire. The successor's activation (grant → first delivery: connect,
+// resume the broker session, reconcile subscriptions) comes on top; it is
+// the same on every path to ownership and is reported, not bounded here.
+const PlannedStopHandover = 500 * time.Millisecond
 
 // DemoScenarios are what `make demo` runs: the two original ones.
 var DemoScenarios = []string{OwnerSIGKILL, OwnerBrokerPathBlackhole}
@@ -69,6 +85,9 @@ var DemoScenarios = []string{OwnerSIGKILL, OwnerBrokerPathBlackhole}
 // stepDownExit is the exit status of `myriarch-bridge run` after a
 // broker-path step-down: restart me, I rejoin as a standby.
 const stepDownExit = 3
+
+// historyEvery is how often the lab polls the lease row.
+const historyEvery = 25 * time.Millisecond
 
 // transitAllowance is what the lab allows between a stale owner's last
 // send before its local deadline and the sink's receipt of it.
@@ -139,6 +158,20 @@ type Result struct {
 	// plus a transit allowance. Absent when it delivered nothing after
 	// the fault.
 	OldOwnerLastDeliveryS *float64 `json:"old_owner_last_delivery_s,omitempty"`
+	// HandoverGapS (owner_planned_stop): the old owner's last delivery →
+	// the successor's first delivery, as the sink received them (by
+	// stamped lease version). It is HandoverS + ActivationS.
+	HandoverGapS *float64 `json:"handover_gap_s,omitempty"`
+	// HandoverS: the old owner's last delivery → the successor's grant
+	// (the grant's time from the lease row's renew record, written by the
+	// successor on the same host). Bounded by PlannedStopHandover.
+	HandoverS *float64 `json:"handover_s,omitempty"`
+	// ActivationS: the successor's grant → its first delivery.
+	ActivationS *float64 `json:"activation_s,omitempty"`
+	// ReleasedS: the fault → the lab's store poller (every 25ms) saw the
+	// old owner's lease released (no owner, same version); absent when it
+	// saw the successor's grant first.
+	ReleasedS *float64 `json:"released_s,omitempty"`
 	// OldOwnerReconnects counts connections the faulted owner opened to
 	// the source broker after it was resumed (owner_sigstop).
 	OldOwnerReconnects int64 `json:"old_owner_reconnects"`
@@ -206,6 +239,10 @@ type Agg struct {
 	FullP50S     float64 `json:"failure_to_full_p50_s"`
 	FullMaxS     float64 `json:"failure_to_full_max_s"`
 	WithinBudget int     `json:"within_budget"`
+	// HandoverMaxS and GapMaxS (owner_planned_stop) are the worst
+	// HandoverS and HandoverGapS.
+	HandoverMaxS float64 `json:"handover_max_s,omitempty"`
+	GapMaxS      float64 `json:"handover_gap_max_s,omitempty"`
 	full         []float64
 }
 
@@ -218,6 +255,9 @@ func (r *Report) Line() string {
 	for _, sc := range AllScenarios {
 		if a, ok := s.PerScenario[sc]; ok {
 			fmt.Fprintf(&b, " | %s n=%d first_max=%.2fs full_p50=%.2fs full_max=%.2fs budget=%.1fs", sc, a.Rounds, a.FirstMaxS, a.FullP50S, a.FullMaxS, a.BudgetS)
+			if sc == OwnerPlannedStop {
+				fmt.Fprintf(&b, " handover_max=%.3fs gap_max=%.3fs", a.HandoverMaxS, a.GapMaxS)
+			}
 		}
 	}
 	return b.String()
@@ -389,7 +429,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	e.store = st
 	hctx, stopHist := context.WithCancel(ctx)
 	var hwg sync.WaitGroup
-	hwg.Go(func() { e.hist.run(hctx, st.reader, 25*time.Millisecond) })
+	hwg.Go(func() { e.hist.run(hctx, st.reader, historyEvery) })
 	defer func() { stopHist(); hwg.Wait() }()
 
 	var scen []string
@@ -767,6 +807,9 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 		standby.brokerPx.Refuse(true)
 		_ = owner.p.cmd.Process.Signal(syscall.SIGTERM)
 		successor = owner
+	case OwnerPlannedStop:
+		// A rolling upgrade: the orchestrator asks the owner to stop.
+		_ = owner.p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	fmt.Fprintf(e.opts.Progress, "round %d %s: fault on %s (lease version %d)\n", i, sc, owner.name, res.OldVersion)
 
@@ -851,6 +894,7 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 	if cur, err := e.store.reader.Current(ctx, leaseID); err == nil {
 		res.NewVersion = cur.Version
 	}
+
 	fmt.Fprintf(e.opts.Progress, "  %s at full service %.3fs after the fault (first delivery %.3fs, budget %.3fs)\n", successor.name, res.FailureToFullS, res.FaultToFirstDeliveryS, res.BudgetS)
 
 	// Watch the faulted owner after the successor took over.
@@ -983,6 +1027,9 @@ func (e *env) judge(rep *Report) {
 		if r.OldOwnerReconnects > 0 {
 			r.Problems = append(r.Problems, fmt.Sprintf("the resumed owner reconnected to the source broker %d times", r.OldOwnerReconnects))
 		}
+		if r.Scenario == OwnerPlannedStop {
+			e.judgeHandover(r, ds)
+		}
 		if r.OldOwnerLastDeliveryS != nil && *r.OldOwnerLastDeliveryS > (r.ttl+transitAllowance).Seconds() {
 			r.Problems = append(r.Problems, fmt.Sprintf("the faulted owner delivered %.3fs after the fault, past its local deadline (lease_ttl %v + %v transit)", *r.OldOwnerLastDeliveryS, r.ttl, transitAllowance))
 		}
@@ -1012,6 +1059,12 @@ func (e *env) judge(rep *Report) {
 		if r.WithinBudget {
 			a.WithinBudget++
 		}
+		if r.HandoverS != nil {
+			a.HandoverMaxS = max(a.HandoverMaxS, *r.HandoverS)
+		}
+		if r.HandoverGapS != nil {
+			a.GapMaxS = max(a.GapMaxS, *r.HandoverGapS)
+		}
 		sum.PerScenario[r.Scenario] = a
 	}
 	for k, a := range sum.PerScenario {
@@ -1021,4 +1074,44 @@ func (e *env) judge(rep *Report) {
 	}
 	sum.TwoOwners = sum.TwoOwners || len(rep.StoreAnomalies) > 0
 	rep.Summary = sum
+}
+
+// judgeHandover measures an owner_planned_stop round from the sink's
+// deliveries: the old owner's last delivery (by stamped version), the
+// successor's first, and the grant between them as the store poller saw
+// it. A planned stop settles what it holds before it releases, so nothing
+// may be lost, and the handover must fit PlannedStopHandover.
+func (e *env) judgeHandover(r *Result, ds []delivery) {
+	var last, first time.Time
+	for _, d := range ds {
+		if d.Version == r.OldVersion && d.At.After(last) {
+			last = d.At
+		}
+		if d.Version > r.OldVersion && first.IsZero() {
+			first = d.At
+		}
+	}
+	switch {
+	case last.IsZero():
+		r.Problems = append(r.Problems, "no delivery stamped with the old owner's version")
+		return
+	case first.IsZero():
+		r.Problems = append(r.Problems, "no delivery from the successor")
+		return
+	}
+	g, ok := e.hist.firstAfter(r.OldVersion)
+	if !ok {
+		r.Problems = append(r.Problems, "the lab's store poller saw no grant to the successor")
+		return
+	}
+	if at, ok := e.hist.releasedAt(r.OldVersion); ok {
+		s := at.Sub(r.fault).Seconds()
+		r.ReleasedS = &s
+	}
+	grant := g.grantedAt(historyEvery)
+	gap, handover, act := first.Sub(last).Seconds(), grant.Sub(last).Seconds(), first.Sub(grant).Seconds()
+	r.HandoverGapS, r.HandoverS, r.ActivationS = &gap, &handover, &act
+	if handover > PlannedStopHandover.Seconds() {
+		r.Problems = append(r.Problems, fmt.Sprintf("handover %.3fs (old owner's last delivery → successor's grant), more than %v", handover, PlannedStopHandover))
+	}
 }

@@ -120,3 +120,49 @@ func TestProxyRefuseCounts(t *testing.T) {
 		t.Fatalf("accepted %d, want 2", n)
 	}
 }
+
+// TestJudgeHandover: an owner_planned_stop round is split into the
+// handover (old owner's last delivery → the successor's grant, from the
+// lease row's renew record) and the activation; a handover over
+// PlannedStopHandover fails the round, one within it passes.
+func TestJudgeHandover(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	for _, tc := range []struct {
+		name               string
+		grant, seen, first float64
+		handover, gap, act float64
+		pass               bool
+	}{
+		// Granted 0.1s after the old owner's last delivery (at 1.0s), seen
+		// by the poller 20ms later; the successor delivers 0.3s after.
+		{"fast", 1.1, 1.12, 1.4, 0.1, 0.4, 0.3, true},
+		// A standby that waited out its poll.
+		{"poll", 3.0, 3.01, 3.2, 2.0, 2.2, 0.2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &env{sink: newSink("n"), hist: &history{}, published: 4}
+			add := func(s float64, seq int, v int64) {
+				e.sink.all = append(e.sink.all, delivery{At: at(s), Seq: seq, Version: v})
+				e.sink.seen[seq]++
+			}
+			add(0.5, 0, 1)
+			add(1.0, 1, 1)
+			add(tc.first, 2, 2)
+			add(tc.first+0.01, 3, 2)
+			e.hist.changes = []change{{At: at(0), Owner: "a#1", Version: 1, RenewedAt: at(0)},
+				{At: at(tc.seen), Owner: "b#1", Version: 2, RenewedAt: at(tc.grant)}}
+			rep := &Report{Scenarios: []Result{{Scenario: OwnerPlannedStop, start: at(0), fault: at(0.99), OldVersion: 1, DuplicateBound: 2, ttl: 6 * time.Second, WithinBudget: true}}}
+			e.judge(rep)
+			r := rep.Scenarios[0]
+			near := func(p *float64, want float64) bool { return p != nil && *p > want-1e-6 && *p < want+1e-6 }
+			if !near(r.HandoverS, tc.handover) || !near(r.HandoverGapS, tc.gap) || !near(r.ActivationS, tc.act) || r.Pass != tc.pass {
+				t.Errorf("handover %v gap %v activation %v pass %t problems %q; want %v %v %v %t",
+					r.HandoverS, r.HandoverGapS, r.ActivationS, r.Pass, r.Problems, tc.handover, tc.gap, tc.act, tc.pass)
+			}
+			if a := rep.Summary.PerScenario[OwnerPlannedStop]; a.HandoverMaxS != *r.HandoverS {
+				t.Errorf("summary handover max %v, want %v", a.HandoverMaxS, *r.HandoverS)
+			}
+		})
+	}
+}

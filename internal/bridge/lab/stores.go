@@ -159,6 +159,11 @@ type change struct {
 	At      time.Time
 	Owner   string
 	Version int64
+	// RenewedAt is the owner's own renew record: for the first
+	// transition of a version, its grant in the owner's wall clock (the
+	// same host's clock in the lab), more exact than At, which is up to
+	// one poll late.
+	RenewedAt time.Time
 }
 
 // history polls the lease row and keeps every transition, so that what
@@ -182,7 +187,7 @@ func (h *history) run(ctx context.Context, st lease.Store, every time.Duration) 
 				h.errs++
 			}
 		} else if r.Owner != last.Owner || r.Version != last.Version {
-			last = change{At: now, Owner: r.Owner, Version: r.Version}
+			last = change{At: now, Owner: r.Owner, Version: r.Version, RenewedAt: r.RenewedAt}
 			h.changes = append(h.changes, last)
 		}
 		h.mu.Unlock()
@@ -208,6 +213,26 @@ func (h *history) firstAfter(v int64) (change, bool) {
 		}
 	}
 	return change{}, false
+}
+
+// grantedAt is when version v's owner was granted the lease: its renew
+// record if that lies within the poll before the lab saw the grant, else
+// the time the lab saw it.
+func (c change) grantedAt(every time.Duration) time.Time {
+	if !c.RenewedAt.IsZero() && !c.RenewedAt.After(c.At) && c.At.Sub(c.RenewedAt) <= every+time.Second {
+		return c.RenewedAt
+	}
+	return c.At
+}
+
+// releasedAt is when the poller saw lease version v released (no owner).
+func (h *history) releasedAt(v int64) (time.Time, bool) {
+	for _, c := range h.snapshot() {
+		if c.Version == v && c.Owner == "" {
+			return c.At, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // anomalies are transitions that would mean two owners at once: a version

@@ -312,6 +312,10 @@ type runner struct {
 	// Set when started: stop the runner, and its end.
 	cancel context.CancelFunc
 	done   chan struct{}
+	// hard ends shutdown_timeout after the runner's stop began: a tenure
+	// still settling then is cut, so that the lease is released within
+	// the bound even when step_down_grace is longer.
+	hard context.Context
 
 	mu sync.Mutex
 	// cfg is the configuration the session's routes come from, and routes
@@ -400,6 +404,9 @@ func (r *runner) run(ctx, hard context.Context) error {
 		return nil
 	}
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
+	r.mu.Lock()
+	r.hard = hard
+	r.mu.Unlock()
 	// Consume the manager's events (it drops them, counting, when nobody
 	// reads) and keep the last lease transition for /status.
 	stop := make(chan struct{})
@@ -452,7 +459,19 @@ func (r *runner) own(o *lease.Ownership) {
 	r.mu.Unlock()
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(1)
 	r.log.Info("lease acquired; connecting", "version", o.Token().Version)
-	r.serve(o.Context(), o.Stopping(), t)
+	// The tenure's work ends with the tenure, or when shutdown_timeout
+	// has passed since the stop began: the manager releases the lease
+	// once this returns, so a stop never holds the lease longer than
+	// shutdown_timeout plus the bounded release.
+	ctx, cancel := context.WithCancel(o.Context())
+	defer cancel()
+	r.mu.Lock()
+	hard := r.hard
+	r.mu.Unlock()
+	if hard != nil {
+		defer context.AfterFunc(hard, cancel)()
+	}
+	r.serve(ctx, o.Stopping(), t)
 	r.b.met.Owner.WithLabelValues(r.sess.ID).Set(0)
 	r.b.met.BrokerPathDown.WithLabelValues(r.sess.ID).Set(0)
 	r.mu.Lock()
