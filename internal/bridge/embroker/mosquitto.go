@@ -34,11 +34,20 @@ func MosquittoPath() (string, error) {
 	return "", ErrNoMosquitto
 }
 
+// ComparisonSettings are DESIGN's settings for comparing against
+// mosquitto: in-flight and queue limits raised, TCP_NODELAY.
+const ComparisonSettings = "per_listener_settings true\npersistence false\nlog_dest stderr\nmax_inflight_messages 1000\nmax_queued_messages 100000\nset_tcp_nodelay true\n"
+
 // StartMosquitto starts mosquitto with its config and log in dir: one
 // loopback listener followed by listenerConf (TLS files, say; empty allows
-// anonymous clients), DESIGN's comparison settings (in-flight and queue
-// limits raised, TCP_NODELAY). Close stops it.
+// anonymous clients), with ComparisonSettings. Close stops it.
 func StartMosquitto(ctx context.Context, dir, listenerConf string) (*Mosquitto, error) {
+	return StartMosquittoWith(ctx, dir, ComparisonSettings, listenerConf)
+}
+
+// StartMosquittoWith is StartMosquitto with the global settings of the
+// config file given (mosquitto's defaults where they say nothing).
+func StartMosquittoWith(ctx context.Context, dir, settings, listenerConf string) (*Mosquitto, error) {
 	bin, err := MosquittoPath()
 	if err != nil {
 		return nil, err
@@ -51,8 +60,7 @@ func StartMosquitto(ctx context.Context, dir, listenerConf string) (*Mosquitto, 
 	if listenerConf == "" {
 		listenerConf = "allow_anonymous true\n"
 	}
-	conf := fmt.Sprintf("per_listener_settings true\npersistence false\nlog_dest stderr\nmax_inflight_messages 1000\nmax_queued_messages 100000\nset_tcp_nodelay true\n"+
-		"listener %s 127.0.0.1\n%s", port, listenerConf)
+	conf := fmt.Sprintf("%slistener %s 127.0.0.1\n%s", settings, port, listenerConf)
 	if os.Geteuid() == 0 {
 		// As root mosquitto drops to the mosquitto user, which may not
 		// read dir; it needs no privilege on a loopback port.
