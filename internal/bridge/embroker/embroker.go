@@ -20,6 +20,8 @@ type Broker struct {
 	Server *mochi.Server
 	Addr   string // host:port
 	URL    string // tcp://host:port
+
+	gate *takeoverGate
 }
 
 // FreePort returns a loopback address with a port that was free a moment ago.
@@ -80,7 +82,8 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 			return nil, err
 		}
 	}
-	if err := s.AddHook(&takeoverGate{server: s}, nil); err != nil {
+	gate := &takeoverGate{server: s}
+	if err := s.AddHook(gate, nil); err != nil {
 		return nil, err
 	}
 	if err := s.AddHook(&sendQuotaOff{}, nil); err != nil {
@@ -97,7 +100,7 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 	if opts.TLS != nil {
 		scheme = "mqtts://"
 	}
-	return &Broker{Server: s, Addr: addr, URL: scheme + addr}, nil
+	return &Broker{Server: s, Addr: addr, URL: scheme + addr, gate: gate}, nil
 }
 
 // Close stops the broker.

@@ -17,30 +17,43 @@ import (
 // holds new publishes while a takeover runs and lets it wait for the ones
 // already being distributed, each wait capped at a second so that a
 // publish path that skips a hook cannot wedge the broker.
+//
+// Publishes in progress are counted per publishing client, and a client's
+// count is dropped when its connection ends: mochi calls OnPublish but not
+// OnPublished when it cannot write the PUBACK (the publisher is gone, e.g.
+// a bridge killed with messages in flight to its sink). A single global
+// count leaked there, and from then on every takeover waited out the limit
+// and then ran while the publishes it had held went through, which is the
+// race this gate exists to close (the lab lost 1 to 6 messages at most
+// failovers on the sqlite store, whose rounds killed senders mid-flow).
 type takeoverGate struct {
 	mochi.HookBase
 	server *mochi.Server
 
 	mu         sync.Mutex
 	closed     int
-	publishing int
+	publishing map[*mochi.Client]int
 	waiting    map[*mochi.Client]bool
 }
 
 func (g *takeoverGate) ID() string { return "myriarch-takeover-gate" }
 
 func (g *takeoverGate) Provides(b byte) bool {
-	return b == mochi.OnSessionEstablish || b == mochi.OnPublish || b == mochi.OnPublished || b == mochi.OnPacketEncode
+	return b == mochi.OnSessionEstablish || b == mochi.OnPublish || b == mochi.OnPublished || b == mochi.OnPacketEncode ||
+		b == mochi.OnDisconnect
 }
 
 const gateLimit = time.Second
 
-func (g *takeoverGate) OnPublish(_ *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+func (g *takeoverGate) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
 	deadline := time.Now().Add(gateLimit)
 	for {
 		g.mu.Lock()
 		if g.closed == 0 || time.Now().After(deadline) {
-			g.publishing++
+			if g.publishing == nil {
+				g.publishing = map[*mochi.Client]int{}
+			}
+			g.publishing[cl]++
 			g.mu.Unlock()
 			return pk, nil
 		}
@@ -49,11 +62,23 @@ func (g *takeoverGate) OnPublish(_ *mochi.Client, pk packets.Packet) (packets.Pa
 	}
 }
 
-func (g *takeoverGate) OnPublished(*mochi.Client, packets.Packet) {
+func (g *takeoverGate) OnPublished(cl *mochi.Client, _ packets.Packet) {
 	g.mu.Lock()
-	if g.publishing > 0 {
-		g.publishing--
+	if g.publishing[cl] > 1 {
+		g.publishing[cl]--
+	} else {
+		delete(g.publishing, cl)
 	}
+	g.mu.Unlock()
+}
+
+// OnDisconnect forgets the client's publishes: mochi runs a client's
+// publishes on its read loop and calls OnDisconnect after that loop ended,
+// so none of them is still being distributed; one that is still counted
+// lost its PUBACK write and will never reach OnPublished.
+func (g *takeoverGate) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
+	g.mu.Lock()
+	delete(g.publishing, cl)
 	g.mu.Unlock()
 }
 
@@ -72,13 +97,16 @@ func (g *takeoverGate) OnSessionEstablish(cl *mochi.Client, _ packets.Packet) {
 	deadline := time.Now().Add(gateLimit)
 	for time.Now().Before(deadline) {
 		g.mu.Lock()
-		n := g.publishing
+		n := len(g.publishing)
 		g.mu.Unlock()
 		if n == 0 {
 			return
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
+	// Said out loud: from here the takeover may race the publishes that
+	// are still counted.
+	g.server.Log.Warn("takeover gate: publishes still in progress after the limit; the takeover proceeds", "client", cl.ID, "limit", gateLimit)
 }
 
 // OnPacketEncode reopens the gate at the CONNACK: by then the new
@@ -97,4 +125,16 @@ func (g *takeoverGate) open(cl *mochi.Client) {
 		g.closed--
 	}
 	g.mu.Unlock()
+}
+
+// inProgress is the number of publishes the gate counts as being
+// distributed.
+func (g *takeoverGate) inProgress() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, c := range g.publishing {
+		n += c
+	}
+	return n
 }
