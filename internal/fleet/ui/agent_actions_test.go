@@ -3,8 +3,6 @@ package ui_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -14,11 +12,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/open-telemetry/opamp-go/protobufs"
 
-	"github.com/myriarch/myriarch/internal/fleet/config"
-	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
-	"github.com/myriarch/myriarch/internal/fleet/ui"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // The agent page shows the health error text, the component health and
@@ -26,24 +20,9 @@ import (
 // reach the agent; the REST API answers the same.
 func TestAgentPageHealthCapabilitiesAndActions(t *testing.T) {
 	browser := chromium(t)
-	pg := pgtest.New(t)
-	const secret = "0123456789abcdef-secret"
-	cfg, err := config.Load(config.Source{Environ: []string{}, Overrides: map[string]string{
-		"database.url": pg.DSN(""), "server.enrollmentSecret": secret, "ha.replicaId": "replica-ui",
-		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "ha.leaderSessionTimeout": "10s",
-		"ha.heartbeatInterval": "1s", "server.lastSeenFlushInterval": "200ms",
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	const secret = "0123456789abcdef-secret" // startUI's enrollment secret
+	d := startUI(t, "replica-ui", map[string]string{"ha.heartbeatInterval": "1s", "server.lastSeenFlushInterval": "200ms"})
 	ctx := context.Background()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	d, err := daemon.Start(sctx, daemon.Options{Config: cfg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Mount: ui.Mount, Version: "ui-test"})
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Shutdown()
 	tok, err := d.Store.CreateToken(ctx, "ui")
 	if err != nil {
 		t.Fatal(err)

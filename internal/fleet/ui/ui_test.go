@@ -2,8 +2,6 @@ package ui_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -13,11 +11,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"go.uber.org/goleak"
 
-	"github.com/myriarch/myriarch/internal/fleet/config"
-	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
-	"github.com/myriarch/myriarch/internal/fleet/ui"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -45,24 +39,9 @@ func chromium(t *testing.T) string {
 
 func TestUIInHeadlessChromium(t *testing.T) {
 	browser := chromium(t)
-	pg := pgtest.New(t)
-	const secret = "0123456789abcdef-secret"
-	cfg, err := config.Load(config.Source{Environ: []string{}, Overrides: map[string]string{
-		"database.url": pg.DSN(""), "server.enrollmentSecret": secret, "ha.replicaId": "replica-ui",
-		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "ha.leaderSessionTimeout": "10s",
-		"ha.heartbeatInterval": "1s", "server.lastSeenFlushInterval": "200ms", "jobs.offlineSweepInterval": "1s",
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	const secret = "0123456789abcdef-secret" // startUI's enrollment secret
+	d := startUI(t, "replica-ui", map[string]string{"ha.heartbeatInterval": "1s", "server.lastSeenFlushInterval": "200ms", "jobs.offlineSweepInterval": "1s"})
 	ctx := context.Background()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	d, err := daemon.Start(sctx, daemon.Options{Config: cfg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Mount: ui.Mount, Version: "ui-test"})
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Shutdown()
 	tok, err := d.Store.CreateToken(ctx, "ui")
 	if err != nil {
 		t.Fatal(err)
