@@ -128,7 +128,9 @@ func Bridge() (dashboard.Dashboard, error) {
 			q(`sum by (route, sender) (rate(myriarch_bridge_messages_failed_total`+sel+`[$__rate_interval]))`, "failed {{route}} → {{sender}}"),
 			q(`sum by (route, sender) (rate(myriarch_bridge_messages_dead_lettered_total`+sel+`[$__rate_interval]))`, "dead-lettered {{route}} → {{sender}}"))).
 		WithPanel(series("Unroutable", "Messages that matched no route's receiver (acknowledged and dropped).", "msg/s",
-			q(`sum by (session) (rate(myriarch_bridge_messages_unroutable_total`+sel+`[$__rate_interval]))`, "{{session}}")))
+			q(`sum by (session) (rate(myriarch_bridge_messages_unroutable_total`+sel+`[$__rate_interval]))`, "{{session}}"))).
+		WithPanel(series("Loop drops", "Messages a route of a loop pair acknowledged without forwarding because its loop_peer had published them (an echo stopped); zero unless loop_peer is set.", "msg/s",
+			q(`sum by (route) (rate(myriarch_bridge_messages_loop_dropped_total`+sel+`[$__rate_interval]))`, "{{route}}")))
 	return b.Build()
 }
 
@@ -179,13 +181,13 @@ func Myriarchd() (dashboard.Dashboard, error) {
 			q(`sum(rate(myriarch_lastseen_rows_total`+sel+`[$__rate_interval]))`, "rows"),
 			q(`sum(rate(myriarch_lastseen_flushes_total`+sel+`[$__rate_interval]))`, "flushes"),
 			q(`sum(rate(myriarch_lastseen_flush_failures_total`+sel+`[$__rate_interval]))`, "failed flushes"))).
-		// The jobs' own label is "job", which Prometheus renames to
-		// exported_job on scrape (the target's job label wins).
-		WithPanel(series("Leader jobs", "Time since each job's last run, its duration and whether it failed (the job label of these series arrives as exported_job).", "s",
-			q(`time() - max by (exported_job) (myriarch_job_last_run_timestamp_seconds`+sel+`)`, "since {{exported_job}}"),
-			q(`max by (exported_job) (myriarch_job_last_duration_seconds`+sel+`)`, "duration {{exported_job}}"),
-			q(`max by (exported_job) (myriarch_job_last_run_failed`+sel+`)`, "failed {{exported_job}}"),
-			q(`sum by (exported_job) (increase(myriarch_job_failures_total`+sel+`[$__rate_interval]))`, "failures {{exported_job}}"),
-			q(`sum by (exported_job) (increase(myriarch_job_runs_total`+sel+`[$__rate_interval]))`, "runs {{exported_job}}")))
+		// The jobs' label is leader_job, not job: Prometheus would rename a
+		// "job" label to exported_job on scrape (the target's job wins).
+		WithPanel(series("Leader jobs", "Time since each job's last run, its duration and whether it failed.", "s",
+			q(`time() - max by (leader_job) (myriarch_job_last_run_timestamp_seconds`+sel+`)`, "since {{leader_job}}"),
+			q(`max by (leader_job) (myriarch_job_last_duration_seconds`+sel+`)`, "duration {{leader_job}}"),
+			q(`max by (leader_job) (myriarch_job_last_run_failed`+sel+`)`, "failed {{leader_job}}"),
+			q(`sum by (leader_job) (increase(myriarch_job_failures_total`+sel+`[$__rate_interval]))`, "failures {{leader_job}}"),
+			q(`sum by (leader_job) (increase(myriarch_job_runs_total`+sel+`[$__rate_interval]))`, "runs {{leader_job}}")))
 	return b.Build()
 }

@@ -66,11 +66,11 @@ func NewRunner(jobs []Job, replica string, log *slog.Logger, reg prometheus.Regi
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Runner{jobs: jobs, replica: replica, log: log.With("component", "jobs"), status: map[string]*Status{},
-		mLast:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_run_timestamp_seconds", Help: "Start of the last run of a leader job."}, []string{"job"}),
-		mDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_duration_seconds", Help: "Duration of the last run of a leader job."}, []string{"job"}),
-		mErr:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_run_failed", Help: "1 when the last run of a leader job failed."}, []string{"job"}),
-		mRuns:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_job_runs_total", Help: "Runs of a leader job on this replica."}, []string{"job"}),
-		mFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_job_failures_total", Help: "Failed runs of a leader job on this replica."}, []string{"job"}),
+		mLast:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_run_timestamp_seconds", Help: "Start of the last run of a leader job."}, []string{"leader_job"}),
+		mDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_duration_seconds", Help: "Duration of the last run of a leader job."}, []string{"leader_job"}),
+		mErr:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_job_last_run_failed", Help: "1 when the last run of a leader job failed."}, []string{"leader_job"}),
+		mRuns:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_job_runs_total", Help: "Runs of a leader job on this replica."}, []string{"leader_job"}),
+		mFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_job_failures_total", Help: "Failed runs of a leader job on this replica."}, []string{"leader_job"}),
 	}
 	for _, j := range jobs {
 		r.status[j.Name] = &Status{Name: j.Name, Interval: j.Interval, IntervalS: j.Interval.Seconds()}
