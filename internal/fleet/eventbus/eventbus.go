@@ -22,7 +22,11 @@ type ListenFunc func(ctx context.Context, channels []string, fn func(*pgconn.Not
 
 // Target is what the bus delivers to (the OpAMP server).
 type Target interface {
-	Push(ctx context.Context, uid string)
+	// PushBatch delivers the notifications' payloads, in the order they
+	// arrived, each at most once per batch. A batch is whatever arrived
+	// while the previous one was delivered, so a burst (a rollout wave of
+	// thousands of agents) costs a few queries instead of one per agent.
+	PushBatch(ctx context.Context, payloads []string)
 	Reconcile(ctx context.Context) error
 }
 
@@ -38,6 +42,14 @@ type Bus struct {
 	reconciles    prometheus.Counter
 	reconcileErrs prometheus.Counter
 	kick          chan struct{}
+
+	// The listener only queues; the deliverer drains the queue. Holding
+	// the listener in a query per notification is what capped delivery at
+	// a few hundred agents a second.
+	mu      sync.Mutex
+	queued  map[string]struct{}
+	order   []string
+	pending chan struct{}
 }
 
 // New returns a bus; reg may be nil.
@@ -46,6 +58,7 @@ func New(listen ListenFunc, channel string, t Target, interval time.Duration, lo
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Bus{Listen: listen, Channel: channel, Target: t, Interval: interval, Log: log.With("component", "eventbus"), kick: make(chan struct{}, 1),
+		queued: map[string]struct{}{}, pending: make(chan struct{}, 1),
 		notifications: prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_eventbus_notifications_total", Help: "Notifications received on the listener session."}),
 		reconciles:    prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_eventbus_reconciles_total", Help: "Reconcile passes (periodic and after a listener reconnect)."}),
 		reconcileErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_eventbus_reconcile_failures_total", Help: "Failed reconcile passes."}),
@@ -63,7 +76,7 @@ func (b *Bus) Run(ctx context.Context) {
 	wg.Go(func() {
 		err := b.Listen(ctx, []string{b.Channel}, func(n *pgconn.Notification) {
 			b.notifications.Inc()
-			b.Target.Push(ctx, n.Payload)
+			b.enqueue(n.Payload)
 		}, func() {
 			select {
 			case b.kick <- struct{}{}:
@@ -72,6 +85,18 @@ func (b *Bus) Run(ctx context.Context) {
 		})
 		if err != nil {
 			b.Log.Error("event bus listener stopped", "error", err)
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-b.pending:
+			}
+			if batch := b.take(); len(batch) > 0 {
+				b.Target.PushBatch(ctx, batch)
+			}
 		}
 	})
 	wg.Go(func() {
@@ -92,4 +117,30 @@ func (b *Bus) Run(ctx context.Context) {
 		}
 	})
 	wg.Wait()
+}
+
+// enqueue adds payload unless it is already waiting: a payload names what
+// changed, and the delivery reads the current state, so one delivery
+// covers every notification that arrived before it started.
+func (b *Bus) enqueue(payload string) {
+	b.mu.Lock()
+	if _, ok := b.queued[payload]; !ok {
+		b.queued[payload] = struct{}{}
+		b.order = append(b.order, payload)
+	}
+	b.mu.Unlock()
+	select {
+	case b.pending <- struct{}{}:
+	default:
+	}
+}
+
+// take empties the queue.
+func (b *Bus) take() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	batch := b.order
+	b.order = nil
+	clear(b.queued)
+	return batch
 }

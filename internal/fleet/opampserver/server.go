@@ -751,38 +751,29 @@ func (s *Server) Push(ctx context.Context, payload string) {
 		return
 	}
 	uid, restart := strings.CutPrefix(payload, store.RestartNotifyPrefix)
+	if !restart {
+		s.PushBatch(ctx, []string{uid})
+		return
+	}
 	s.mu.Lock()
 	ac := s.byUID[uid]
 	if ha := s.http[uid]; ha != nil {
 		ha.mu.Lock()
-		if restart {
-			ha.cmdCheck = true
-		} else {
-			ha.dirty = true
-		}
+		ha.cmdCheck = true
 		ha.mu.Unlock()
 	}
 	s.mu.Unlock()
 	if ac == nil {
 		return
 	}
-	if restart {
-		p, err := s.o.Store.PendingRestarts(ctx, []string{uid})
-		if err != nil {
-			s.log.Warn("loading a restart request failed; the reconcile will retry", "agent", uid, "error", err)
-			return
-		}
-		if at, ok := p[uid]; ok {
-			s.restart(ctx, ac, at)
-		}
-		return
-	}
-	d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
+	p, err := s.o.Store.PendingRestarts(ctx, []string{uid})
 	if err != nil {
-		s.log.Warn("loading a desired config failed; the reconcile will retry", "agent", uid, "error", err)
+		s.log.Warn("loading a restart request failed; the reconcile will retry", "agent", uid, "error", err)
 		return
 	}
-	s.deliver(ctx, ac, d[uid])
+	if at, ok := p[uid]; ok {
+		s.restart(ctx, ac, at)
+	}
 }
 
 // restart sends the restart command requested at at to a WebSocket agent.
