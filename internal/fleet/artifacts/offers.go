@@ -135,9 +135,10 @@ type OfferSource struct {
 	// BaseURL returns the base URL at which agents reach this replica's
 	// HTTP listener.
 	BaseURL func() string
-	// Auth is the Authorization header value the agent sends with the
-	// download (the same credential check as AgentAuth).
-	Auth string
+	// Tokens issues the download token that each offer carries as its
+	// Authorization header, for the agent it is offered to and the blob
+	// offered (AgentAuth checks it).
+	Tokens *Tokens
 }
 
 // Pending implements opampserver.Packages.
@@ -148,7 +149,9 @@ func (s OfferSource) Pending(ctx context.Context, uids []string) (map[string]opa
 	}
 	out := make(map[string]opampserver.PendingPackages, len(offers))
 	for uid, os := range offers {
-		out[uid] = s.available(os)
+		if out[uid], err = s.available(ctx, os); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -160,15 +163,22 @@ func (s OfferSource) Sent(ctx context.Context, uid, connID string) error {
 
 // available builds the PackagesAvailable message of one agent's offers: all
 // of them, since an OpAMP agent removes the packages that are not offered.
-func (s OfferSource) available(os []Offer) opampserver.PendingPackages {
+// Each file carries a fresh download token of that agent for that blob;
+// the hashes do not depend on it, so an agent that has the packages does
+// not download them again when the offer is re-sent.
+func (s OfferSource) available(ctx context.Context, os []Offer) (opampserver.PendingPackages, error) {
 	pa := &protobufs.PackagesAvailable{Packages: map[string]*protobufs.PackageAvailable{}}
 	all := sha256.New()
 	p := opampserver.PendingPackages{Msg: pa, SentConn: os[0].SentConn}
 	var detail []string
 	for _, o := range os { // ordered by package
 		var hdr *protobufs.Headers
-		if s.Auth != "" {
-			hdr = &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: s.Auth}}}
+		if s.Tokens != nil {
+			tok, err := s.Tokens.Issue(ctx, o.InstanceUID, o.Digest)
+			if err != nil {
+				return opampserver.PendingPackages{}, err
+			}
+			hdr = &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Bearer " + tok}}}
 		}
 		sig, _ := base64.StdEncoding.DecodeString(o.Signature)
 		ph := o.PackageHash()
@@ -182,5 +192,5 @@ func (s OfferSource) available(os []Offer) opampserver.PendingPackages {
 	}
 	pa.AllPackagesHash = all.Sum(nil)
 	p.Detail = strings.Join(detail, ", ")
-	return p
+	return p, nil
 }
