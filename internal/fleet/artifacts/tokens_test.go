@@ -164,7 +164,9 @@ func TestDownloadTokenKeyRotation(t *testing.T) {
 	tokens.Now = func() time.Time { return at }
 	d := digestOf([]byte("x"))
 	const uid = "0190a1b2-0000-4000-8000-00000000000a"
-	kid := func(tok string) string { return strings.SplitN(strings.TrimPrefix(tok, artifacts.TokenPrefix), ".", 2)[0] }
+	kid := func(tok string) string {
+		return strings.SplitN(strings.TrimPrefix(tok, artifacts.TokenPrefix), ".", 2)[0]
+	}
 
 	first, err := tokens.Issue(ctx, uid, d)
 	if err != nil {
