@@ -46,8 +46,8 @@ func (o Offer) PackageHash() []byte {
 // ErrNotOfferable is returned when a version cannot be offered to an agent.
 var ErrNotOfferable = errors.New("cannot offer")
 
-// OfferVersion offers version of pkg to the agents uids: for each it picks
-// the asset of the agent's platform (os.type, host.arch) or the one for all
+// OfferVersion offers version of pkg to the agents uids: each must declare
+// the AcceptsPackages capability; for each it picks the asset of the agent's platform (os.type, host.arch) or the one for all
 // platforms, requires the blob to be stored and verified, records the offer
 // and notifies the replica the agent is connected to. All or nothing.
 func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, uids []string, by string) ([]Offer, error) {
@@ -74,12 +74,21 @@ func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, 
 // notifies the replica the agent is connected to when tx commits.
 func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offer, error) {
 	var os, arch string
-	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')) FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch)
+	var caps int64
+	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')), capabilities
+		FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch, &caps)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Offer{}, fmt.Errorf("%w: agent %q: no such agent", ErrNotOfferable, uid)
 	}
 	if err != nil {
 		return Offer{}, err
+	}
+	if uint64(caps)&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages) == 0 {
+		// It would ignore the offer, and the offer would wait for an
+		// install that never comes (the OpenTelemetry supervisor v0.149.0
+		// is such an agent).
+		return Offer{}, fmt.Errorf("%w: agent %s does not accept packages (capability AcceptsPackages; it declares %v)",
+			ErrNotOfferable, uid, store.CapabilityNames(uint64(caps)))
 	}
 	o := Offer{InstanceUID: uid, Package: pkg, Version: version}
 	var stored bool
