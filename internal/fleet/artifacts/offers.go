@@ -47,9 +47,10 @@ func (o Offer) PackageHash() []byte {
 var ErrNotOfferable = errors.New("cannot offer")
 
 // OfferVersion offers version of pkg to the agents uids: each must declare
-// the AcceptsPackages capability; for each it picks the asset of the agent's platform (os.type, host.arch) or the one for all
-// platforms, requires the blob to be stored and verified, records the offer
-// and notifies the replica the agent is connected to. All or nothing.
+// the AcceptsPackages capability; for each it picks the asset of the
+// agent's platform (os.type, host.arch) or the one for all platforms,
+// requires the blob to be stored and verified, records the offer and
+// notifies the replica the agent is connected to. All or nothing.
 func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, uids []string, by string) ([]Offer, error) {
 	if len(uids) == 0 {
 		return nil, fmt.Errorf("%w: agents: the list is empty", ErrNotOfferable)
