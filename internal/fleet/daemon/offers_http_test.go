@@ -179,7 +179,8 @@ func offerAndWait(t *testing.T, c client, uid, version string) pkgStatus {
 // (the offer made through the other replica), downloads it with the
 // offer's download token, verifies it and reports it installed. The token
 // is the agent's own for that artifact: the enrollment secret and the
-// token on another artifact are refused by both replicas.
+// token on another artifact are refused by both replicas; the agent's own
+// credential is accepted.
 func TestPlainHTTPAgentGetsOffersDownloadsAndReportsStatus(t *testing.T) {
 	e := startSoftwareEnv(t, nil)
 	ps := newPkgStore(e.pub)
@@ -204,11 +205,16 @@ func TestPlainHTTPAgentGetsOffersDownloadsAndReportsStatus(t *testing.T) {
 	}
 	sum1, sum2 := sha256.Sum256(v1), sha256.Sum256(v2)
 	d1, d2 := "sha256:"+hex.EncodeToString(sum1[:]), "sha256:"+hex.EncodeToString(sum2[:])
+	// The agent's own credential opens any stored artifact.
+	cred, err := e.a.Store.IssueAgentCredential(context.Background(), uid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, replica := range []*Daemon{e.a, e.b} {
 		for _, c := range []struct {
 			digest, auth string
 			want         int
-		}{{d1, auth, 200}, {d2, auth, 401}, {d1, "Bearer " + secret, 401}, {d1, "", 401}} {
+		}{{d1, auth, 200}, {d2, auth, 401}, {d1, "Bearer " + secret, 401}, {d1, "", 401}, {d2, "Bearer " + cred, 200}} {
 			req, _ := http.NewRequest(http.MethodGet, "http://"+replica.HTTPAddr().String()+artifacts.PathPrefix+c.digest, nil)
 			if c.auth != "" {
 				req.Header.Set("Authorization", c.auth)
