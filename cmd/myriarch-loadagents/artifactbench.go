@@ -317,7 +317,15 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 		serveSize = size
 	}
 
-	// Serving: all agents at once, half from each replica.
+	// Serving: all agents at once, half from each replica, each with a
+	// download token of its own as a package offer would carry it.
+	tokens := make([]string, agents)
+	issuer := artifacts.NewTokens(pool)
+	for i := range tokens {
+		if tokens[i], err = issuer.Issue(ctx, fmt.Sprintf("bench-agent-%d", i), serveDigest); err != nil {
+			return err
+		}
+	}
 	tr := &http.Transport{MaxIdleConnsPerHost: agents, MaxConnsPerHost: 0, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}
@@ -343,7 +351,7 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 			<-startGate
 			s := time.Now()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+base+artifacts.PathPrefix+serveDigest, nil)
-			req.Header.Set("Authorization", "Bearer "+benchSecret)
+			req.Header.Set("Authorization", "Bearer "+tokens[i])
 			resp, err := hc.Do(req)
 			if err != nil {
 				fail(err.Error())

@@ -96,9 +96,15 @@ func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
 	}) {
 		t.Fatalf("no download in progress on the leader: %+v", dl)
 	}
+	// A download token as a package offer carries it (the enrollment
+	// secret is not accepted there).
+	dlToken, err := artifacts.NewTokens(pool).Issue(ctx, "prefetch-kill-agent", digest)
+	if err != nil {
+		t.Fatal(err)
+	}
 	get := func(r *replicaProc) (int, []byte) {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+r.http+artifacts.PathPrefix+digest, nil)
-		req.Header.Set("Authorization", "Bearer "+testSecret)
+		req.Header.Set("Authorization", "Bearer "+dlToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return 0, nil

@@ -46,10 +46,11 @@ func (o Offer) PackageHash() []byte {
 // ErrNotOfferable is returned when a version cannot be offered to an agent.
 var ErrNotOfferable = errors.New("cannot offer")
 
-// OfferVersion offers version of pkg to the agents uids: for each it picks
-// the asset of the agent's platform (os.type, host.arch) or the one for all
-// platforms, requires the blob to be stored and verified, records the offer
-// and notifies the replica the agent is connected to. All or nothing.
+// OfferVersion offers version of pkg to the agents uids: each must declare
+// the AcceptsPackages capability; for each it picks the asset of the
+// agent's platform (os.type, host.arch) or the one for all platforms,
+// requires the blob to be stored and verified, records the offer and
+// notifies the replica the agent is connected to. All or nothing.
 func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, uids []string, by string) ([]Offer, error) {
 	if len(uids) == 0 {
 		return nil, fmt.Errorf("%w: agents: the list is empty", ErrNotOfferable)
@@ -74,12 +75,21 @@ func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, 
 // notifies the replica the agent is connected to when tx commits.
 func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offer, error) {
 	var os, arch string
-	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')) FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch)
+	var caps int64
+	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')), capabilities
+		FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch, &caps)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Offer{}, fmt.Errorf("%w: agent %q: no such agent", ErrNotOfferable, uid)
 	}
 	if err != nil {
 		return Offer{}, err
+	}
+	if uint64(caps)&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages) == 0 {
+		// It would ignore the offer, and the offer would wait for an
+		// install that never comes (the OpenTelemetry supervisor v0.149.0
+		// is such an agent).
+		return Offer{}, fmt.Errorf("%w: agent %s does not accept packages (capability AcceptsPackages; it declares %v)",
+			ErrNotOfferable, uid, store.CapabilityNames(uint64(caps)))
 	}
 	o := Offer{InstanceUID: uid, Package: pkg, Version: version}
 	var stored bool
@@ -135,9 +145,10 @@ type OfferSource struct {
 	// BaseURL returns the base URL at which agents reach this replica's
 	// HTTP listener.
 	BaseURL func() string
-	// Auth is the Authorization header value the agent sends with the
-	// download (the same credential check as AgentAuth).
-	Auth string
+	// Tokens issues the download token that each offer carries as its
+	// Authorization header, for the agent it is offered to and the blob
+	// offered (AgentAuth checks it).
+	Tokens *Tokens
 }
 
 // Pending implements opampserver.Packages.
@@ -148,7 +159,9 @@ func (s OfferSource) Pending(ctx context.Context, uids []string) (map[string]opa
 	}
 	out := make(map[string]opampserver.PendingPackages, len(offers))
 	for uid, os := range offers {
-		out[uid] = s.available(os)
+		if out[uid], err = s.available(ctx, os); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -160,15 +173,22 @@ func (s OfferSource) Sent(ctx context.Context, uid, connID string) error {
 
 // available builds the PackagesAvailable message of one agent's offers: all
 // of them, since an OpAMP agent removes the packages that are not offered.
-func (s OfferSource) available(os []Offer) opampserver.PendingPackages {
+// Each file carries a fresh download token of that agent for that blob;
+// the hashes do not depend on it, so an agent that has the packages does
+// not download them again when the offer is re-sent.
+func (s OfferSource) available(ctx context.Context, os []Offer) (opampserver.PendingPackages, error) {
 	pa := &protobufs.PackagesAvailable{Packages: map[string]*protobufs.PackageAvailable{}}
 	all := sha256.New()
 	p := opampserver.PendingPackages{Msg: pa, SentConn: os[0].SentConn}
 	var detail []string
 	for _, o := range os { // ordered by package
 		var hdr *protobufs.Headers
-		if s.Auth != "" {
-			hdr = &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: s.Auth}}}
+		if s.Tokens != nil {
+			tok, err := s.Tokens.Issue(ctx, o.InstanceUID, o.Digest)
+			if err != nil {
+				return opampserver.PendingPackages{}, err
+			}
+			hdr = &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Bearer " + tok}}}
 		}
 		sig, _ := base64.StdEncoding.DecodeString(o.Signature)
 		ph := o.PackageHash()
@@ -182,5 +202,5 @@ func (s OfferSource) available(os []Offer) opampserver.PendingPackages {
 	}
 	pa.AllPackagesHash = all.Sum(nil)
 	p.Detail = strings.Join(detail, ", ")
-	return p
+	return p, nil
 }

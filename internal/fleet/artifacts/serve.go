@@ -2,7 +2,6 @@ package artifacts
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -21,20 +20,6 @@ const PathPrefix = "/artifacts/"
 // URL is the download URL of a blob on a replica whose HTTP base URL is base.
 func URL(base, digest string) string { return strings.TrimSuffix(base, "/") + PathPrefix + digest }
 
-// AgentAuthorizer decides whether a request comes from an agent allowed to
-// download. It is the single place where the artifact endpoint checks
-// credentials.
-type AgentAuthorizer func(r *http.Request) bool
-
-// EnrollmentSecretAuth accepts the agents' enrollment secret as a bearer
-// token, as the OpAMP endpoint does.
-func EnrollmentSecretAuth(secret string) AgentAuthorizer {
-	return func(r *http.Request) bool {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		return ok && secret != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(secret)) == 1
-	}
-}
-
 // Handler serves GET/HEAD PathPrefix{digest} from the large objects (read
 // in chunks of ChunkSize, each in its own short query), with
 // Range, If-Range and If-None-Match (the ETag is the quoted digest; the
@@ -44,9 +29,8 @@ func Handler(pool *pgxpool.Pool, auth AgentAuthorizer, log *slog.Logger) http.Ha
 		log = slog.New(slog.DiscardHandler)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !auth(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="myriarch artifacts"`)
-			http.Error(w, "unauthorized: an agent credential is required", http.StatusUnauthorized)
+		if err := auth(r); err != nil {
+			refuse(w, r, err, log)
 			return
 		}
 		digest := strings.TrimPrefix(r.URL.Path, PathPrefix)

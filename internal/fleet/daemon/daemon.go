@@ -137,11 +137,14 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		return nil, fmt.Errorf("creating the leader tables: %w", err)
 	}
 	d.batcher = lastseen.New(d.Store, cfg.Server.LastSeenFlushInterval, d.log, d.Reg)
+	// One issuer of download tokens for the offers and the artifact
+	// endpoint (AgentAuth), so they share the cached keys.
+	tokens := artifacts.NewTokens(d.Store.Pool)
 	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
 		MaxMessageBytes: cfg.Server.OpAMPMaxMessageBytes, AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute,
 		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter,
-		Packages: artifacts.OfferSource{Pool: d.Store.Pool, BaseURL: d.ArtifactBaseURL, Auth: "Bearer " + cfg.Server.EnrollmentSecret}})
+		Packages: artifacts.OfferSource{Pool: d.Store.Pool, BaseURL: d.ArtifactBaseURL, Tokens: tokens}})
 
 	d.Elector, err = pgleader.New(pgleader.Config{
 		Pool: d.Store.Pool, LeaderSessionTimeout: cfg.HA.LeaderSessionTimeout, HeartbeatInterval: cfg.HA.HeartbeatInterval,
@@ -224,7 +227,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
-	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg), d.log))
+	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg, d.Store, tokens), d.log))
 	if poller != nil {
 		// Verified by its HMAC signature, not by an API token.
 		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
@@ -265,10 +268,13 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	return d, nil
 }
 
-// AgentAuth is the one credential check of the artifact endpoint: today
-// the agents' enrollment secret, as on the OpAMP endpoint.
-func AgentAuth(cfg *config.Config) artifacts.AgentAuthorizer {
-	return artifacts.EnrollmentSecretAuth(cfg.Server.EnrollmentSecret)
+// AgentAuth is the one credential check of the artifact endpoint
+// (artifacts.AgentAuth): the download token of a package offer, bound to
+// the agent and the artifact, or an agent's own credential; never the
+// enrollment secret; a revoked agent is refused either way. Failed
+// attempts count against server.authFailuresPerMinute per source.
+func AgentAuth(cfg *config.Config, st *store.Store, tokens *artifacts.Tokens) artifacts.AgentAuthorizer {
+	return artifacts.AgentAuth(st, tokens, cfg.Server.AuthFailuresPerMinute)
 }
 
 // ArtifactBaseURL is the base of the download URLs offered to agents:

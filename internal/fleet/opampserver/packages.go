@@ -58,14 +58,51 @@ func (s *Server) packagesFor(ctx context.Context, ac *agentConn, uid string) *pr
 }
 
 // pushPackages sends uid's package offers if it is connected here over
-// WebSocket (plain-HTTP agents get them in the response to their next poll).
+// WebSocket; a plain-HTTP agent that polled here gets them in the response
+// to its next poll (httpPackages).
 func (s *Server) pushPackages(ctx context.Context, uid string) {
 	s.mu.Lock()
 	ac := s.byUID[uid]
+	if ha := s.http[uid]; ha != nil {
+		ha.mu.Lock()
+		ha.pkgCheck = true
+		ha.mu.Unlock()
+	}
 	s.mu.Unlock()
 	if ac != nil {
 		s.sendPackages(ctx, ac)
 	}
+}
+
+// httpPackages is the offer for the response to a plain-HTTP agent's poll,
+// or nil. It looks only when something may have changed: the agent's first
+// poll here, a notification (pushPackages) or the reconcile, so a poll
+// costs no query of its own. Plain-HTTP agents share the connection id
+// HTTPConnID, so an offer goes out once, by whichever replica the agent
+// polls, until it is replaced. A response lost on its way is not resent
+// (the agent cannot be told apart from one that received it); offering
+// again does. The caller holds ha.mu.
+func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent) *protobufs.PackagesAvailable {
+	if s.o.Packages == nil || !ha.pkgCheck {
+		return nil
+	}
+	p, err := s.o.Packages.Pending(ctx, []string{uid})
+	if err != nil {
+		s.log.Warn("loading package offers failed; the next poll retries", "agent", uid, "error", err)
+		return nil
+	}
+	want, ok := p[uid]
+	if !ok || want.SentConn == HTTPConnID {
+		ha.pkgCheck = false
+		return nil
+	}
+	if err := s.o.Packages.Sent(ctx, uid, HTTPConnID); err != nil {
+		s.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
+		return nil
+	}
+	ha.pkgCheck = false
+	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: EventPackagesSent, ReplicaID: s.o.ReplicaID, Detail: want.Detail + " (plain HTTP)"})
+	return want.Msg
 }
 
 func (s *Server) sendPackages(ctx context.Context, ac *agentConn) {

@@ -127,6 +127,7 @@ type httpAgent struct {
 	mu       sync.Mutex
 	dirty    bool // desired config may have changed
 	cmdCheck bool // a restart may be pending
+	pkgCheck bool // a package offer may be pending (packages.go)
 	sentHash string
 	rep      reported
 }
@@ -500,7 +501,7 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 	ha := s.http[uid]
 	first := ha == nil
 	if first {
-		ha = &httpAgent{dirty: true, cmdCheck: true}
+		ha = &httpAgent{dirty: true, cmdCheck: true, pkgCheck: true}
 		ha.seen.Store(now.UnixNano())
 		s.http[uid] = ha
 	}
@@ -551,6 +552,7 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 		}
 		ha.cmdCheck = false
 	}
+	resp.PackagesAvailable = s.httpPackages(ctx, uid, ha)
 	if ha.dirty {
 		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
 		if err == nil {
@@ -836,7 +838,7 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			continue
 		}
 		ha.mu.Lock()
-		ha.dirty, ha.cmdCheck = true, true
+		ha.dirty, ha.cmdCheck, ha.pkgCheck = true, true, true
 		ha.mu.Unlock()
 	}
 	s.mu.Unlock()
