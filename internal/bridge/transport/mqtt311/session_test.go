@@ -398,3 +398,52 @@ func TestActivationBoundHonoured(t *testing.T) {
 		})
 	}
 }
+
+// Retained messages on MQTT 3.1.1, as docs/bridge.md says: the retained
+// message of a filter arrives with the retain flag at SUBSCRIBE, a live
+// message published retained arrives without it (no Retain As Published),
+// and a resumed session that subscribes again receives the retained
+// message again (no Retain Handling).
+func TestRetainedMessages(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		p := publisher(t, b.url)
+		if tok := p.Publish("t/kept", 1, true, "stored"); !tok.WaitTimeout(20*time.Second) || tok.Error() != nil {
+			t.Fatal(tok.Error())
+		}
+		rec := &record{}
+		cfg := testConfig(b.url, "retain-bridge", rec.handle)
+		s, stop := start(t, cfg)
+		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+		waitFor(t, "the retained message", func() bool { return len(rec.payloads()) >= 1 })
+		if tok := p.Publish("t/live", 1, true, "live"); !tok.WaitTimeout(20*time.Second) || tok.Error() != nil {
+			t.Fatal(tok.Error())
+		}
+		waitFor(t, "the live message", func() bool { return len(rec.payloads()) >= 2 })
+		rec.mu.Lock()
+		first, live := *rec.msgs[0], *rec.msgs[1]
+		rec.mu.Unlock()
+		if first.Topic != "t/kept" || !first.Retain {
+			t.Fatalf("at SUBSCRIBE: %s retain %v, want t/kept retained", first.Topic, first.Retain)
+		}
+		if live.Topic != "t/live" || live.Retain {
+			t.Fatalf("live: %s retain %v, want t/live without the flag (3.1.1 has no Retain As Published)", live.Topic, live.Retain)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		rec2 := &record{}
+		cfg.Handler = rec2.handle
+		s2, _ := start(t, cfg)
+		waitFor(t, "the retained messages again", func() bool { return len(rec2.payloads()) >= 2 })
+		if !s2.SessionPresent() {
+			t.Fatal("the session was not resumed")
+		}
+		rec2.mu.Lock()
+		defer rec2.mu.Unlock()
+		for _, m := range rec2.msgs {
+			if !m.Retain {
+				t.Fatalf("resumed: %s without the retain flag", m.Topic)
+			}
+		}
+	})
+}
