@@ -35,6 +35,7 @@ import (
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
@@ -357,6 +358,9 @@ func (s *Sender) connect() (paho.Client, <-chan error, error) {
 		return nil, nil, fmt.Errorf("connect_timeout %v passed", s.cfg.ConnectTimeout)
 	}
 	if err := tok.Error(); err != nil {
+		if rc := tok.(*paho.ConnectToken).ReturnCode(); rc != packets.Accepted && rc != packets.ErrNetworkError {
+			return nil, nil, fmt.Errorf("broker refused the connection (CONNACK return code %d): %w", rc, err)
+		}
 		return nil, nil, err
 	}
 	return cli, lost, nil

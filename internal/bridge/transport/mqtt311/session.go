@@ -43,6 +43,7 @@ import (
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
@@ -357,6 +358,9 @@ func (s *Session) connect(ctx context.Context, broker string, acks *acker, lost 
 	if err := tok.Error(); err != nil {
 		if cctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, fmt.Errorf("%w: connect_timeout %v passed: %v", ErrActivation, s.cfg.ConnectTimeout, err)
+		}
+		if rc := tok.(*paho.ConnectToken).ReturnCode(); rc != packets.Accepted && rc != packets.ErrNetworkError {
+			return nil, fmt.Errorf("broker refused the connection (CONNACK return code %d): %w", rc, err)
 		}
 		return nil, err
 	}
