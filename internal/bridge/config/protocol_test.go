@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -85,5 +86,29 @@ func TestBadProtocolVersion(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A reload that switches a session's or a sender's protocol_version
+// restarts it with the new version.
+func TestProtocolVersionChangeRestartsOnReload(t *testing.T) {
+	y := strings.Replace(pair, "  - {id: a-to-b, receiver: from-a, senders: [to-b], loop_peer: b-to-a}\n  - {id: b-to-a, receiver: from-b, senders: [to-a], loop_peer: a-to-b}\n",
+		"  - {id: a-to-b, receiver: from-a, senders: [to-b]}\n  - {id: b-to-a, receiver: from-b, senders: [to-a]}\n", 1)
+	old, err := Parse("old.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	y = strings.Replace(y, `{id: a, brokers`, `{id: a, protocol_version: 3.1.1, brokers`, 1)
+	y = strings.Replace(y, `mqtt: {broker: "tcp://127.0.0.1:1884"}`, `mqtt: {broker: "tcp://127.0.0.1:1884", protocol_version: 3.1.1}`, 1)
+	cur, err := Parse("new.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ps := Compare(old, cur)
+	if len(ps) > 0 {
+		t.Fatal(ps)
+	}
+	if fmt.Sprint(d.Changed) != "[a]" || fmt.Sprint(d.Kept) != "[b]" || fmt.Sprint(d.SendersChanged) != "[to-b]" {
+		t.Fatalf("diff %+v: want session a changed, b kept, sender to-b changed", d)
 	}
 }
