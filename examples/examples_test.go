@@ -115,6 +115,7 @@ func TestExamplesPassCheck(t *testing.T) {
 		"standalone-file.yaml":    {"plant", 1097.5, 0},
 		"clustered-postgres.yaml": {"plant", 336.5, 380},
 		"clustered-etcd.yaml":     {"commands", 116, 161},
+		"mqtt311-legacy.yaml":     {"plant", 1097.5, 0},
 	}
 	files, _ := filepath.Glob("*.yaml")
 	if len(files) != len(want) {
@@ -154,5 +155,22 @@ func TestCheckRefusesATightObjective(t *testing.T) {
 	r, code := check(t, bin, p)
 	if code != 2 || r.Admitted || len(r.Errors) == 0 || !strings.Contains(strings.Join(r.Errors, "\n"), "failover_slo") {
 		t.Fatalf("exit %d, admitted %v, errors %v", code, r.Admitted, r.Errors)
+	}
+}
+
+// The MQTT 3.1.1 example says what 3.1.1 cannot do: the broker keeps the
+// session, and the historian gets no fencing stamp.
+func TestMQTT311ExampleWarns(t *testing.T) {
+	bin := buildBridge(t)
+	r, code := check(t, bin, prepare(t, "mqtt311-legacy.yaml"))
+	if code != 0 || !r.Admitted {
+		t.Fatalf("exit %d, admitted %v, errors %v", code, r.Admitted, r.Errors)
+	}
+	all := strings.Join(r.Warnings, "\n")
+	for _, w := range []string{`session "plant" speaks MQTT 3.1.1, which has no session expiry interval`,
+		`sender "historian" publishes MQTT 3.1.1, which has no user properties`} {
+		if !strings.Contains(all, w) {
+			t.Errorf("no warning %q in:\n%s", w, all)
+		}
 	}
 }

@@ -30,6 +30,12 @@ type Config struct {
 	OpAMP *OpAMPSettings
 }
 
+// MQTT protocol versions of sessions and mqtt senders (protocol_version).
+const (
+	MQTT5   = "5"
+	MQTT311 = "3.1.1"
+)
+
 // Session modes.
 const (
 	Ephemeral  = "ephemeral"
@@ -128,6 +134,8 @@ type SessionSettings struct {
 	// BrokerMaxQueuedMessages is the broker's per-session queue limit as
 	// declared: -1 not declared, 0 unlimited.
 	BrokerMaxQueuedMessages int
+	// ProtocolVersion is MQTT5 or MQTT311.
+	ProtocolVersion string
 }
 
 // ReceiverSettings is a set of subscriptions on one session.
@@ -161,6 +169,8 @@ type SenderSettings struct {
 	QoS            byte
 	KeepAlive      time.Duration
 	ConnectTimeout time.Duration
+	// ProtocolVersion is MQTT5 or MQTT311 (mqtt senders only).
+	ProtocolVersion string
 	// http
 	URL     string
 	Headers map[string]string

@@ -72,6 +72,9 @@ type Session struct {
 	// BrokerMaxQueuedMessages is the broker's per-session queue limit
 	// (mosquitto max_queued_messages); 0 means unlimited.
 	BrokerMaxQueuedMessages *int `yaml:"broker_max_queued_messages"`
+	// ProtocolVersion is the MQTT version the session speaks: 5 (default)
+	// or 3.1.1.
+	ProtocolVersion string `yaml:"protocol_version"`
 }
 
 // TLS configures a client TLS connection.
@@ -127,6 +130,9 @@ type MQTTSender struct {
 	KeepAlive      string `yaml:"keep_alive"`
 	ConnectTimeout string `yaml:"connect_timeout"`
 	Timeout        string `yaml:"timeout"`
+	// ProtocolVersion is the MQTT version the sender speaks: 5 (default)
+	// or 3.1.1.
+	ProtocolVersion string `yaml:"protocol_version"`
 }
 
 // HTTPSender POSTs each message.

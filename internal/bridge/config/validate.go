@@ -256,6 +256,8 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		if r.Transport != "" && r.Transport != "mqtt" {
 			v.add(p+".transport", r.Transport, "must be mqtt")
 		}
+		s.ProtocolVersion = v.protocolVersion(p+".protocol_version", r.ProtocolVersion)
+		v311 := s.ProtocolVersion == MQTT311
 		switch s.Mode {
 		case "":
 			s.Mode = Ephemeral
@@ -303,6 +305,10 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		if s.Mode == Ephemeral {
 			def = 0
 		}
+		if v311 && r.SessionExpiryInterval != "" {
+			v.add(p+".session_expiry_interval", r.SessionExpiryInterval, "does not apply to protocol_version 3.1.1: MQTT 3.1.1 has no session expiry interval; the broker keeps a persistent session as its own settings say (mosquitto: persistent_client_expiration)")
+			r.SessionExpiryInterval = ""
+		}
 		s.SessionExpiryInterval = v.duration(p+".session_expiry_interval", r.SessionExpiryInterval, def)
 		if s.SessionExpiryInterval > maxSessionExpiry {
 			v.add(p+".session_expiry_interval", r.SessionExpiryInterval, "must be at most %v", maxSessionExpiry)
@@ -328,6 +334,10 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		} else {
 			s.Activation = act
 		}
+		if v311 && r.ReceiveMaximum != 0 {
+			v.add(p+".receive_maximum", r.ReceiveMaximum, "does not apply to protocol_version 3.1.1: MQTT 3.1.1 has no receive maximum; the broker's own in-flight limit applies (mosquitto: max_inflight_messages)")
+			r.ReceiveMaximum = 0
+		}
 		s.ReceiveMaximum = r.ReceiveMaximum
 		if s.ReceiveMaximum == 0 {
 			s.ReceiveMaximum = DefaultReceiveMaximum
@@ -349,6 +359,18 @@ func (v *validator) sessions(f *File, cfg *Config) {
 	if len(f.Sessions) == 0 {
 		v.add("sessions", nil, "at least one session is required")
 	}
+}
+
+// protocolVersion parses a protocol_version: 5 (default) or 3.1.1.
+func (v *validator) protocolVersion(path, s string) string {
+	switch strings.TrimSpace(s) {
+	case "", MQTT5:
+		return MQTT5
+	case MQTT311:
+		return MQTT311
+	}
+	v.add(path, s, "must be 5 or 3.1.1 (the MQTT version to speak to the broker)")
+	return MQTT5
 }
 
 // failover reports the errors of the failover package under prefix.
@@ -483,6 +505,7 @@ func (v *validator) senders(f *File, cfg *Config) {
 			s.KeepAlive = v.duration(p+".mqtt.keep_alive", m.KeepAlive, DefaultKeepAlive)
 			s.ConnectTimeout = v.positive(p+".mqtt.connect_timeout", m.ConnectTimeout, activation.DefaultMQTTConnectTimeout)
 			s.Timeout = v.positive(p+".mqtt.timeout", m.Timeout, DefaultSenderTimeout)
+			s.ProtocolVersion = v.protocolVersion(p+".mqtt.protocol_version", m.ProtocolVersion)
 		case r.Type == senderHTTP && r.HTTP != nil:
 			h := r.HTTP
 			s.URL = h.URL
@@ -660,6 +683,11 @@ func (v *validator) routes(f *File, cfg *Config) {
 			} else if !ok {
 				connectAfter[sess.ID], connectAfterSrc[sess.ID] = r.ConnectAfterLease, p
 			}
+			for _, id := range r.Senders {
+				if st := cfg.Sender(id); st != nil && st.Type == senderMQTT && st.ProtocolVersion == MQTT311 {
+					cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("route %q: sender %q publishes MQTT 3.1.1, which has no user properties: the messages of exclusive session %q reach it without the fencing stamp (%s, %s), so a consumer there cannot tell a deposed owner's late messages from its successor's", r.ID, id, sess.ID, "myriarch-lease-version", "myriarch-session-id"))
+				}
+			}
 			if r.ConnectAfterLease != nil && !*r.ConnectAfterLease {
 				v.add(p+".connect_after_lease", "false", "false is not supported: an exclusive session connects only after it holds the lease, so that two instances never consume its broker session at once")
 			}
@@ -708,8 +736,18 @@ func (v *validator) loopPeers(f *File, cfg *Config) {
 			v.add(p, r.LoopPeer, "route %q must name %q as its loop_peer: a loop pair is two routes that name each other (it has %q)", r.LoopPeer, r.ID, f.Routes[j].LoopPeer)
 		}
 		for k, s := range r.Senders {
-			if st := cfg.Sender(s); st != nil && st.Type != senderMQTT {
+			st := cfg.Sender(s)
+			switch {
+			case st == nil:
+			case st.Type != senderMQTT:
 				v.add(fmt.Sprintf("routes[%d].senders[%d]", i, k), s, "is a %s sender; a route with loop_peer needs mqtt senders, which carry the hop stamp (user property %q) that its peer recognises", st.Type, "myriarch-bridge-hop")
+			case st.ProtocolVersion == MQTT311:
+				v.add(fmt.Sprintf("routes[%d].senders[%d]", i, k), s, "publishes MQTT 3.1.1, which has no user properties; a route with loop_peer needs MQTT 5 senders, which carry the hop stamp (user property %q) that its peer recognises", "myriarch-bridge-hop")
+			}
+		}
+		if rs := cfg.Routes[i]; rs.Session != "" {
+			if sess := cfg.Session(rs.Session); sess != nil && sess.ProtocolVersion == MQTT311 {
+				v.add(p, r.LoopPeer, "needs an MQTT 5 session: session %q speaks MQTT 3.1.1, which has no user properties, so the route cannot see the hop stamp (user property %q) of its peer's messages", sess.ID, "myriarch-bridge-hop")
 			}
 		}
 	}
@@ -781,7 +819,9 @@ func (v *validator) admit(cfg *Config) {
 		if b := c.Assessment.BrokerPath; b != nil {
 			worst = max(worst, b.Total)
 		}
-		if s != nil && s.SessionExpiryInterval < worst {
+		if s != nil && s.ProtocolVersion == MQTT311 {
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("session %q speaks MQTT 3.1.1, which has no session expiry interval: the broker must keep its persistent session for at least the worst-case failover budget (%v) by its own settings (mosquitto: persistent_client_expiration, unset = forever), or the queued messages are gone before the successor resumes it", c.SessionID, worst))
+		} else if s != nil && s.SessionExpiryInterval < worst {
 			v.add(fmt.Sprintf("sessions[%d].session_expiry_interval", idx), s.SessionExpiryInterval.String(),
 				"must be at least the worst-case failover budget (%v), or the broker discards the queued messages before the successor resumes the session", worst)
 		}

@@ -16,6 +16,7 @@ import (
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
 	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	mqtt311sender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
 	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/etcdstore"
@@ -37,6 +38,11 @@ func openSender(s config.SenderSettings, instanceID string, log *slog.Logger) (s
 		tc, err := mqttconn.TLSConfig(tlsFiles(s.TLS))
 		if err != nil {
 			return nil, err
+		}
+		if s.ProtocolVersion == config.MQTT311 {
+			return mqtt311sender.New(mqtt311sender.Config{Broker: s.Broker, ClientID: s.ClientID + "-" + instanceID, Username: s.Username,
+				Password: []byte(s.Password.Reveal()), TLS: tc, QoS: s.QoS, KeepAlive: s.KeepAlive, ConnectTimeout: s.ConnectTimeout,
+				Timeout: s.Timeout, Logger: log}), nil
 		}
 		return mqttsender.New(mqttsender.Config{Broker: s.Broker, ClientID: s.ClientID + "-" + instanceID, Username: s.Username,
 			Password: []byte(s.Password.Reveal()), TLS: tc, QoS: s.QoS, KeepAlive: s.KeepAlive, ConnectTimeout: s.ConnectTimeout,

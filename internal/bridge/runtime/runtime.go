@@ -32,6 +32,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt311"
 	"github.com/myriarch/myriarch/internal/disclose"
 	"github.com/myriarch/myriarch/lease"
 )
@@ -341,7 +342,7 @@ type runner struct {
 type tenure struct {
 	own           *lease.Ownership // nil for a non-exclusive session
 	start         time.Time
-	session       *mqtt.Session
+	session       transportSession
 	disp          *liveDispatcher
 	stamp         fence.Stamp
 	guard         fence.Tenure
@@ -524,7 +525,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		}
 		return
 	}
-	s, err := mqtt.New(mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
+	s, err := newSession(r.sess.ProtocolVersion, mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
@@ -577,6 +578,23 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 	r.mu.Unlock()
 }
 
+// transportSession is what a runner needs of a receiving session; the MQTT
+// 5 (transport/mqtt) and MQTT 3.1.1 (transport/mqtt311) sessions both
+// provide it, from the same mqtt.Config.
+type transportSession interface {
+	Run(ctx context.Context) error
+	Drain()
+}
+
+// newSession creates the receiving session of the session's
+// protocol_version.
+func newSession(version string, cfg mqtt.Config) (transportSession, error) {
+	if version == config.MQTT311 {
+		return mqtt311.New(cfg)
+	}
+	return mqtt.New(cfg)
+}
+
 // setQuiet marks the end of a tenure or of the process: the level drops
 // that follow are not broker-path losses.
 func (r *runner) setQuiet(t *tenure) {
@@ -588,7 +606,7 @@ func (r *runner) setQuiet(t *tenure) {
 // drain is the lease manager's first step-down phase: stop intake.
 func (r *runner) drain() {
 	r.mu.Lock()
-	var s *mqtt.Session
+	var s transportSession
 	if r.cur != nil {
 		s = r.cur.session
 	}

@@ -1,0 +1,83 @@
+package mqtt311_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
+	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+)
+
+// testCA returns a server TLS configuration for "localhost" signed by a
+// new CA, and a client configuration that trusts that CA.
+func testCA(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12},
+		&tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12}
+}
+
+// The 3.1.1 sender dials through the bridge's TLS configuration and sends
+// its credentials: with the right CA and password a message is accepted;
+// a server certificate from another CA and a wrong password fail the
+// message with the reason.
+func TestTLSAndCredentials(t *testing.T) {
+	serverTLS, clientTLS := testCA(t)
+	_, otherCA := testCA(t)
+	b, err := embroker.StartWith("", nil, embroker.Options{TLS: serverTLS, Users: map[string]string{"bridge": "s3cret"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, c := range []struct {
+		name     string
+		tls      *tls.Config
+		password string
+		want     string // "" accepted
+	}{
+		{"right CA and password", clientTLS, "s3cret", ""},
+		{"another CA", otherCA, "s3cret", "certificate signed by unknown authority"},
+		{"wrong password", clientTLS, "guess", "broker refused the connection (CONNACK return code 5): not Authorized"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := mqtt311.New(mqtt311.Config{Broker: b.URL, ClientID: "tls-snd", QoS: 1, Username: "bridge", Password: []byte(c.password),
+				TLS: c.tls, ConnectTimeout: 5 * time.Second, Timeout: 5 * time.Second})
+			defer closeSender(t, s)
+			err := sendertest.Result(t, sendertest.Send(s, &sender.Message{Topic: "tls/x", Payload: []byte("1")}))
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("got %v, want a failure naming %q", err, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,541 @@
+// Package mqtt311 is the bridge's MQTT 3.1.1 receiving transport, on
+// Eclipse Paho's paho.mqtt.golang client. A Session has the shape of the
+// MQTT 5 transport's (package transport/mqtt, whose Config, Message,
+// Handler, Level, Subscription and Match it uses): it connects, subscribes
+// the configured filters, hands every message to one handler in arrival
+// order, and acknowledges a QoS 1/2 message only when the handler says so,
+// in the order the messages arrived, as MQTT requires.
+//
+// Activation is bounded like the MQTT 5 transport's and declares the same
+// bound through Config.Activation: each connect attempt (dial, TLS,
+// CONNECT, CONNACK) by connect_timeout, at most two; each SUBSCRIBE or
+// UNSUBSCRIBE wait by reconcile_timeout, at most three of the four
+// declared; the whole activation under a context that expires at
+// 2·connect_timeout + 4·reconcile_timeout + 2·unmatched_grace. Paho's own
+// reconnect and connect retry are off: they sleep and retry on their own
+// schedule, outside that bound and outside the lease tenure checks, so
+// the session drives every reconnect itself with a fresh client.
+//
+// What MQTT 3.1.1 lacks, and what the session does instead:
+//   - no session expiry interval: CleanSession false keeps the broker
+//     session for as long as the broker's own settings say;
+//   - no receive maximum: the handler blocking is the backpressure (Paho
+//     then stops reading the connection), the broker's in-flight limit
+//     bounds what it sends unacknowledged;
+//   - no Retain As Published and no Retain Handling: brokers clear the
+//     retain flag of live messages, and send a filter's retained messages
+//     at every SUBSCRIBE, also when a resumed session subscribes again;
+//   - no properties: Message.Properties is always nil.
+package mqtt311
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
+
+	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+)
+
+// ErrTenureEnded is returned by Run when the session's tenure is no longer
+// valid (the MQTT 5 transport's error, so callers test one value).
+var ErrTenureEnded = mqtt.ErrTenureEnded
+
+// ErrActivation wraps an activation step that ran out of its time.
+var ErrActivation = mqtt.ErrActivation
+
+// Session is one MQTT 3.1.1 broker session. Create it with New, run it
+// with Run.
+type Session struct {
+	cfg   mqtt.Config
+	log   *slog.Logger
+	level atomic.Int32
+
+	draining  atomic.Bool
+	unmatched atomic.Int64
+
+	mu            sync.Mutex
+	activatedAt   time.Time
+	sessionResume bool
+}
+
+// New validates cfg and returns a session that is not yet connected. The
+// MQTT 5 settings SessionExpiry, ReceiveMaximum and AckInterval do not
+// apply; CleanStart is MQTT 3.1.1's CleanSession.
+func New(cfg mqtt.Config) (*Session, error) {
+	if len(cfg.Brokers) == 0 || cfg.ClientID == "" || cfg.Handler == nil {
+		return nil, errors.New("mqtt 3.1.1 session: Brokers, ClientID and Handler are required")
+	}
+	if _, err := cfg.Activation(); err != nil {
+		return nil, err
+	}
+	for _, b := range cfg.Brokers {
+		if _, err := url.Parse(b); err != nil {
+			return nil, fmt.Errorf("mqtt 3.1.1 session: broker %q: %w", b, err)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Session{cfg: cfg, log: cfg.Logger.With("client_id", cfg.ClientID, "protocol", "3.1.1")}, nil
+}
+
+// Level returns the current service level.
+func (s *Session) Level() mqtt.Level { return mqtt.Level(s.level.Load()) }
+
+// Unmatched counts messages that matched no wanted filter (residue of
+// removed subscriptions); they are acknowledged and dropped.
+func (s *Session) Unmatched() int64 { return s.unmatched.Load() }
+
+// SessionPresent reports whether the broker resumed a stored session on
+// the latest connection.
+func (s *Session) SessionPresent() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionResume
+}
+
+// Drain stops handing new messages to the handler; they stay
+// unacknowledged in the broker session for the next connection or owner.
+func (s *Session) Drain() { s.draining.Store(true) }
+
+func (s *Session) setLevel(l mqtt.Level) {
+	if mqtt.Level(s.level.Swap(int32(l))) != l && s.cfg.OnLevel != nil {
+		s.cfg.OnLevel(l)
+	}
+}
+
+func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Valid() }
+
+// Run connects and serves until ctx ends, reconnecting with backoff after
+// a loss. It returns when ctx ends, after a DISCONNECT that keeps the
+// broker session (CleanSession false) for a successor, or with
+// ErrTenureEnded once the tenure is invalid: it never connects after that.
+func (s *Session) Run(ctx context.Context) error {
+	defer s.setLevel(mqtt.LevelNone)
+	backoff := 100 * time.Millisecond
+	attempt := 0
+	for {
+		if !s.valid() {
+			s.log.Warn("lease tenure ended; not connecting")
+			return ErrTenureEnded
+		}
+		start := time.Now()
+		err := s.connection(ctx, attempt)
+		s.setLevel(mqtt.LevelNone)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrTenureEnded) {
+			return err
+		}
+		attempt++
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		s.log.Warn("mqtt session lost; reconnecting", "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, max(time.Second, s.cfg.ConnectTimeout))
+	}
+}
+
+// connection runs one connection: activation, then serving until loss.
+func (s *Session) connection(ctx context.Context, attempt int) error {
+	act, _ := s.cfg.Activation()
+	actCtx, actCancel := context.WithTimeout(ctx, act.Bound)
+	defer actCancel()
+
+	lost := make(chan error, 1)
+	var cli paho.Client
+	var acks *acker
+	var err error
+	// Connect: at most two attempts, each within connect_timeout.
+	for try := range 2 {
+		if !s.valid() {
+			return ErrTenureEnded
+		}
+		broker := s.cfg.Brokers[(attempt*2+try)%len(s.cfg.Brokers)]
+		acks = &acker{valid: s.valid}
+		cli, err = s.connect(actCtx, broker, acks, lost)
+		if err == nil {
+			break
+		}
+		s.log.Warn("mqtt connect failed", "broker", broker, "err", err)
+		if actCtx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Paho writes the released acknowledgments before the DISCONNECT
+		// (one writer, in order); the quiesce bounds the wait for it.
+		cli.Disconnect(250)
+	}()
+	s.setLevel(mqtt.LevelDegraded)
+
+	// Reconcile: UNSUBSCRIBE the filters a resumed session holds that the
+	// configuration no longer wants, SUBSCRIBE every wanted filter, and the
+	// refused ones once more, each wait within reconcile_timeout.
+	previous := s.loadState()
+	if !s.SessionPresent() {
+		previous = nil // a new broker session holds no subscriptions
+	}
+	if stale := staleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
+		if err := s.wait(actCtx, cli.Unsubscribe(stale...)); err != nil {
+			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
+		}
+		s.log.Info("unsubscribed filters no longer configured", "filters", stale)
+		previous = nil
+	}
+	granted, err := s.subscribe(actCtx, cli, s.cfg.Subscriptions)
+	if err != nil {
+		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
+	}
+	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+		g2, err := s.subscribe(actCtx, cli, missing)
+		if err != nil {
+			return fmt.Errorf("%w: subscribe retry: %v", ErrActivation, err)
+		}
+		for k := range g2 {
+			granted[k] = true
+		}
+	}
+	s.saveState(previous, granted)
+	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
+	} else {
+		s.mu.Lock()
+		s.activatedAt = time.Now()
+		s.mu.Unlock()
+		s.setLevel(mqtt.LevelFull)
+	}
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-lost:
+		return err
+	}
+}
+
+// wait waits for tok within reconcile_timeout.
+func (s *Session) wait(ctx context.Context, tok paho.Token) error {
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.ReconcileTimeout)
+	defer cancel()
+	select {
+	case <-tok.Done():
+		return tok.Error()
+	case <-wctx.Done():
+		return fmt.Errorf("no answer within reconcile_timeout %v", s.cfg.ReconcileTimeout)
+	}
+}
+
+// subscribe sends one SUBSCRIBE for subs and waits, within
+// reconcile_timeout, for its SUBACK. MQTT 3.1.1 has no "packet identifier
+// in use" reason: a broker that shares packet identifiers between
+// directions (mochi-mqtt does) refuses a SUBSCRIBE whose identifier equals
+// one of the messages it is redelivering to a resumed session with the
+// plain failure code 0x80 for every filter. In a resumed session such a
+// SUBACK is sent again at once (Paho moves to the next identifier), within
+// the same timeout.
+func (s *Session) subscribe(ctx context.Context, cli paho.Client, subs []mqtt.Subscription) (map[string]bool, error) {
+	granted := map[string]bool{}
+	if len(subs) == 0 {
+		return granted, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.ReconcileTimeout)
+	defer cancel()
+	req := make(map[string]byte, len(subs))
+	for _, sub := range subs {
+		req[sub.Filter] = sub.QoS
+	}
+	for {
+		tok := cli.SubscribeMultiple(req, nil)
+		select {
+		case <-tok.Done():
+		case <-sctx.Done():
+			return granted, fmt.Errorf("no SUBACK within reconcile_timeout %v", s.cfg.ReconcileTimeout)
+		}
+		if err := tok.Error(); err != nil {
+			return granted, err
+		}
+		res := tok.(*paho.SubscribeToken).Result()
+		allFailed := true
+		for _, sub := range subs {
+			if code, ok := res[sub.Filter]; ok && code < 0x80 {
+				granted[sub.Filter] = true
+				allFailed = false
+			}
+		}
+		if !allFailed || !s.SessionPresent() || sctx.Err() != nil {
+			if len(granted) < len(subs) {
+				s.log.Warn("broker refused subscriptions", "result", res)
+			}
+			return granted, nil
+		}
+	}
+}
+
+// connect dials broker and completes CONNECT/CONNACK within
+// connect_timeout, with a fresh Paho client whose own reconnect and retry
+// are off.
+func (s *Session) connect(ctx context.Context, broker string, acks *acker, lost chan<- error) (paho.Client, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
+	defer cancel()
+	var connMu sync.Mutex
+	var conn net.Conn
+	opts := paho.NewClientOptions().
+		AddBroker(broker).
+		SetClientID(s.cfg.ClientID).
+		SetProtocolVersion(4). // 3.1.1 exactly, no fallback to 3.1
+		SetCleanSession(s.cfg.CleanStart).
+		SetKeepAlive(s.cfg.KeepAlive).
+		SetConnectTimeout(s.cfg.ConnectTimeout).
+		SetAutoReconnect(false).
+		SetConnectRetry(false).
+		SetResumeSubs(false).
+		SetOrderMatters(true).    // one handler call at a time, in arrival order
+		SetAutoAckDisabled(true). // acknowledged when the routes accepted it
+		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) { s.onMessage(m, acks) }).
+		SetConnectionLostHandler(func(_ paho.Client, err error) {
+			select {
+			case lost <- err:
+			default:
+			}
+		}).
+		SetCustomOpenConnectionFn(func(*url.URL, paho.ClientOptions) (net.Conn, error) {
+			c, err := mqttconn.Dial(cctx, broker, s.cfg.TLS)
+			if err != nil {
+				return nil, err
+			}
+			connMu.Lock()
+			conn = c
+			connMu.Unlock()
+			return c, nil
+		})
+	if s.cfg.Username != "" {
+		opts.SetUsername(s.cfg.Username)
+	}
+	if len(s.cfg.Password) > 0 {
+		opts.SetPassword(string(s.cfg.Password))
+	}
+	cli := paho.NewClient(opts)
+	tok := cli.Connect()
+	select {
+	case <-tok.Done():
+	case <-cctx.Done():
+		// Paho's handshake deadline is connect_timeout too; closing the
+		// connection makes sure that the attempt ends now.
+		connMu.Lock()
+		if conn != nil {
+			_ = conn.Close()
+		}
+		connMu.Unlock()
+		<-tok.Done()
+		if tok.Error() == nil {
+			cli.Disconnect(0)
+		}
+		return nil, fmt.Errorf("%w: connect_timeout %v passed", ErrActivation, s.cfg.ConnectTimeout)
+	}
+	if err := tok.Error(); err != nil {
+		if cctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("%w: connect_timeout %v passed: %v", ErrActivation, s.cfg.ConnectTimeout, err)
+		}
+		if rc := tok.(*paho.ConnectToken).ReturnCode(); rc != packets.Accepted && rc != packets.ErrNetworkError {
+			return nil, fmt.Errorf("broker refused the connection (CONNACK return code %d): %w", rc, err)
+		}
+		return nil, err
+	}
+	present := tok.(*paho.ConnectToken).SessionPresent()
+	s.mu.Lock()
+	s.sessionResume = present
+	s.mu.Unlock()
+	s.log.Info("mqtt connected", "broker", broker, "session_present", present)
+	return cli, nil
+}
+
+// onMessage runs on Paho's router goroutine, one message at a time in
+// arrival order (OrderMatters). Blocking in the handler is the
+// backpressure: Paho stops reading the connection meanwhile.
+func (s *Session) onMessage(m paho.Message, acks *acker) {
+	if s.draining.Load() || !s.valid() {
+		return // left unacknowledged for the next owner
+	}
+	var ack func()
+	if m.Qos() > 0 {
+		ack = acks.add(m)
+	} else {
+		ack = func() {}
+	}
+	if !s.wanted(m.Topic()) {
+		s.unmatched.Add(1)
+		s.mu.Lock()
+		inGrace := s.activatedAt.IsZero() || time.Since(s.activatedAt) < s.cfg.UnmatchedGrace
+		s.mu.Unlock()
+		if !inGrace {
+			s.log.Warn("message matches no configured filter; acknowledged and dropped", "topic", m.Topic())
+		}
+		ack()
+		return
+	}
+	s.cfg.Handler(&mqtt.Message{Topic: m.Topic(), Payload: m.Payload(), QoS: m.Qos(), Retain: m.Retained(), Received: time.Now()}, ack)
+}
+
+func (s *Session) wanted(topic string) bool {
+	for _, sub := range s.cfg.Subscriptions {
+		if mqtt.Match(sub.Filter, topic) {
+			return true
+		}
+	}
+	return false
+}
+
+// acker sends the acknowledgments of one connection in the order the
+// messages arrived (MQTT 3.1.1 section 4.6), whatever order the handler
+// releases them in: a released acknowledgment waits for the earlier ones.
+// Paho's Message.Ack sends at once, so the order is kept here. The tenure
+// is checked before each acknowledgment: once it ended, nothing more is
+// acknowledged and the broker redelivers to the successor.
+type acker struct {
+	valid func() bool
+
+	send sync.Mutex // held while the released prefix is sent, so senders keep the order
+	mu   sync.Mutex
+	q    []*pending
+}
+
+type pending struct {
+	m        paho.Message
+	released bool
+}
+
+// add queues m (in arrival order) and returns its release function, which
+// may be called from any goroutine, once.
+func (a *acker) add(m paho.Message) func() {
+	p := &pending{m: m}
+	a.mu.Lock()
+	a.q = append(a.q, p)
+	a.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { a.release(p) }) }
+}
+
+func (a *acker) release(p *pending) {
+	a.send.Lock()
+	defer a.send.Unlock()
+	a.mu.Lock()
+	p.released = true
+	n := 0
+	for n < len(a.q) && a.q[n].released {
+		n++
+	}
+	ready := slices.Clone(a.q[:n])
+	clear(a.q[:n])
+	a.q = a.q[n:]
+	a.mu.Unlock()
+	for _, r := range ready {
+		if !a.valid() {
+			return
+		}
+		r.m.Ack()
+	}
+}
+
+func filters(subs []mqtt.Subscription) []string {
+	out := make([]string, len(subs))
+	for i, s := range subs {
+		out[i] = s.Filter
+	}
+	return out
+}
+
+func missingOf(want []mqtt.Subscription, granted map[string]bool) []mqtt.Subscription {
+	var out []mqtt.Subscription
+	for _, w := range want {
+		if !granted[w.Filter] {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// staleFilters is previous minus the wanted filters, sorted.
+func staleFilters(previous []string, want []mqtt.Subscription) []string {
+	var out []string
+	for _, p := range previous {
+		if !slices.ContainsFunc(want, func(w mqtt.Subscription) bool { return w.Filter == p }) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// loadState and saveState keep the file of the MQTT 5 transport's format
+// (the filters this client_id subscribed), so that a session switched
+// between protocol versions still unsubscribes what it dropped.
+func (s *Session) loadState() []string {
+	if s.cfg.StateFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(s.cfg.StateFile)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("reading the subscription state", "file", s.cfg.StateFile, "err", err)
+		}
+		return nil
+	}
+	var st struct {
+		Filters []string `json:"filters"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		s.log.Warn("ignoring a corrupt subscription state", "file", s.cfg.StateFile, "err", err)
+		return nil
+	}
+	return st.Filters
+}
+
+func (s *Session) saveState(previous []string, granted map[string]bool) {
+	if s.cfg.StateFile == "" {
+		return
+	}
+	set := map[string]bool{}
+	for _, p := range previous {
+		set[p] = true
+	}
+	for f := range granted {
+		set[f] = true
+	}
+	fs := make([]string, 0, len(set))
+	for f := range set {
+		fs = append(fs, f)
+	}
+	slices.Sort(fs)
+	b, _ := json.Marshal(map[string]any{"client_id": s.cfg.ClientID, "filters": fs})
+	tmp := s.cfg.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o640); err != nil {
+		s.log.Warn("writing the subscription state", "file", tmp, "err", err)
+		return
+	}
+	if err := os.Rename(tmp, s.cfg.StateFile); err != nil {
+		s.log.Warn("writing the subscription state", "file", s.cfg.StateFile, "err", err)
+	}
+}
