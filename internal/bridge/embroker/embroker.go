@@ -89,6 +89,9 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 	if err := s.AddHook(&sendQuotaOff{}, nil); err != nil {
 		return nil, err
 	}
+	if err := s.AddHook(&connectionLog{log: logger.With("component", "embroker")}, nil); err != nil {
+		return nil, err
+	}
 	if err := s.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr, TLSConfig: opts.TLS})); err != nil {
 		return nil, err
 	}

@@ -404,7 +404,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 
 	// The broker.
 	if opts.Broker == "" {
-		br, err := embroker.Start("", slog.New(slog.NewTextHandler(io.Discard, nil)))
+		// The broker's log goes next to the bridges' logs: takeovers and
+		// dropped client connections are half of what explains a round.
+		blog, err := os.OpenFile(filepath.Join(dir, "broker.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		defer blog.Close()
+		br, err := embroker.Start("", slog.New(slog.NewTextHandler(blog, nil)))
 		if err != nil {
 			return nil, err
 		}
