@@ -483,3 +483,29 @@ func TestRetentionKeepsNewestVersionsAndWhatAgentsRun(t *testing.T) {
 		t.Fatalf("kept: %+v", b)
 	}
 }
+
+// A download abandoned mid-way because its release was dropped leaves a
+// partial large object that retention removes.
+func TestRetentionRemovesThePartialLargeObjectOfADroppedRelease(t *testing.T) {
+	e := leader(t)
+	ctx := context.Background()
+	data := bytes.Repeat([]byte("0123456789abcdef"), 128<<10) // 2 MiB
+	slow := newSlowSource(data)
+	src := httptest.NewServer(slow)
+	defer src.Close()
+	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: int64(len(data)), URL: src.URL + "/agent"})
+	interrupt(t, e, e.prefetcherWith(artifacts.Options{Keep: 3, SegmentSize: artifacts.ChunkSize}), len(data))
+	if n := largeObjects(t, e.st.Pool); n != 1 {
+		t.Fatalf("large objects after the interruption: %d", n)
+	}
+	if _, err := e.st.Pool.Exec(ctx, `DELETE FROM package_releases`); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcher(3).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	if n := largeObjects(t, e.st.Pool); n != 0 || len(dls) != 1 || dls[0].State != "failed" || !strings.Contains(dls[0].Error, "abandoned") {
+		t.Fatalf("large objects %d, downloads %+v", n, dls)
+	}
+}

@@ -82,10 +82,12 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 		// This job's own downloads of the run are over; a row still
 		// "downloading" is of an attempt that died or lost its term, and
 		// taking the row for this term stops such a writer's next commit.
-		rows, err = tx.Query(ctx, `UPDATE artifact_downloads SET lo_oid = NULL, written = 0, hash_state = NULL, term = $2,
-				state = CASE WHEN state = 'downloading' THEN 'failed' ELSE state END,
-				error = CASE WHEN state = 'downloading' THEN 'abandoned: the release is no longer wanted' ELSE error END, updated_at = now()
-			WHERE lo_oid IS NOT NULL AND NOT (digest = ANY($1)) RETURNING lo_oid`, ks, term)
+		rows, err = tx.Query(ctx, `WITH old AS (SELECT digest, lo_oid FROM artifact_downloads
+				WHERE lo_oid IS NOT NULL AND NOT (digest = ANY($1)) FOR UPDATE)
+			UPDATE artifact_downloads d SET lo_oid = NULL, written = 0, hash_state = NULL, term = $2,
+				state = CASE WHEN d.state = 'downloading' THEN 'failed' ELSE d.state END,
+				error = CASE WHEN d.state = 'downloading' THEN 'abandoned: the release is no longer wanted' ELSE d.error END, updated_at = now()
+			FROM old WHERE d.digest = old.digest RETURNING old.lo_oid`, ks, term)
 		if err != nil {
 			return err
 		}

@@ -67,6 +67,9 @@ func NewS3(cfg S3Config) (*S3, error) {
 		Secure:    cfg.TLS,
 		Region:    cfg.Region,
 		Transport: tr,
+		// A few quick retries of one request; the job retries the download
+		// at its next run.
+		MaxRetries: 3,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("s3 endpoint %q: %w", cfg.Endpoint, err)
@@ -94,8 +97,14 @@ func (s *S3) Key(digest, nonce string) string {
 // Put uploads r (size bytes, -1 unknown) under key, streamed in parts of
 // S3PartSize.
 func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	// Unsigned payload with a Content-MD5 per request: the store checks
+	// every part it receives. (Over plain http, minio-go would otherwise
+	// sign the payload in aws-chunked framing, which not every
+	// S3-compatible server decodes in multipart uploads; gofakes3 stores
+	// the framing as data.)
 	_, err := s.c.PutObject(ctx, s.bucket, key, r, size, minio.PutObjectOptions{
-		ContentType: "application/octet-stream", PartSize: S3PartSize, NumThreads: 1})
+		ContentType: "application/octet-stream", PartSize: S3PartSize, NumThreads: 1,
+		DisableContentSha256: true, SendContentMd5: true})
 	return err
 }
 
