@@ -45,7 +45,10 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 	var objects []blobstore.Ref
 	err = p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		removed, partial, objects = 0, 0, nil
-		rows, err := tx.Query(ctx, `DELETE FROM artifact_blobs WHERE NOT (digest = ANY($1)) RETURNING store, lo_oid, object_key, size`, ks)
+		// Without an S3 store the rows of S3 blobs stay: deleting them would
+		// leave their objects behind for good.
+		rows, err := tx.Query(ctx, `DELETE FROM artifact_blobs WHERE NOT (digest = ANY($1)) AND (store <> 's3' OR $2)
+			RETURNING store, lo_oid, object_key, size`, ks, p.o.S3 != nil)
 		if err != nil {
 			return err
 		}
@@ -114,9 +117,6 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 		return err
 	}
 	var errs []error
-	if len(objects) > 0 && p.o.S3 == nil {
-		errs = append(errs, fmt.Errorf("retention: %d blob rows of S3 were removed but no S3 store is configured to delete their objects", len(objects)))
-	}
 	if p.o.S3 != nil {
 		for _, b := range objects {
 			if err := p.o.S3.Remove(ctx, nil, b); err != nil {
