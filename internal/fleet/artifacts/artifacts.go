@@ -103,6 +103,10 @@ type Progress struct {
 	Error     string    `json:"error"`
 	ReplicaID string    `json:"replica_id"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Store is where the download goes (pg, s3); ResumedFrom is the byte
+	// the latest attempt continued from (0: from the beginning).
+	Store       string `json:"store"`
+	ResumedFrom int64  `json:"resumed_from"`
 }
 
 // Prefetcher is the artifact prefetch job.
@@ -281,14 +285,14 @@ func InUse(ctx context.Context, pool *pgxpool.Pool) (map[string]bool, error) {
 
 // Downloads returns the recorded downloads, running ones first.
 func Downloads(ctx context.Context, pool *pgxpool.Pool) ([]Progress, error) {
-	rows, err := pool.Query(ctx, `SELECT digest, package, version, asset, state, bytes, total, attempts, error, replica_id, updated_at
+	rows, err := pool.Query(ctx, `SELECT digest, package, version, asset, state, bytes, total, attempts, error, replica_id, updated_at, store, resumed_from
 		FROM artifact_downloads ORDER BY state = 'downloading' DESC, updated_at DESC`)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Progress, error) {
 		var d Progress
-		err := r.Scan(&d.Digest, &d.Package, &d.Version, &d.Asset, &d.State, &d.Bytes, &d.Total, &d.Attempts, &d.Error, &d.ReplicaID, &d.UpdatedAt)
+		err := r.Scan(&d.Digest, &d.Package, &d.Version, &d.Asset, &d.State, &d.Bytes, &d.Total, &d.Attempts, &d.Error, &d.ReplicaID, &d.UpdatedAt, &d.Store, &d.ResumedFrom)
 		d.Percent = percent(d.Bytes, d.Total)
 		return d, err
 	})

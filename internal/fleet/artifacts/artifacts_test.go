@@ -389,7 +389,7 @@ func TestDownloadInterruptedByLossOfLeadershipResumesWithARangeRequest(t *testin
 		t.Fatalf("served %d bytes that differ from the source", len(got))
 	}
 	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
-	if dls[0].State != "done" || dls[0].Attempts != 2 {
+	if dls[0].State != "done" || dls[0].Attempts != 2 || dls[0].ResumedFrom != written || dls[0].Store != "pg" {
 		t.Fatalf("download record: %+v", dls[0])
 	}
 }
@@ -411,6 +411,10 @@ func TestResumeStartsAgainWhenTheSourceChanged(t *testing.T) {
 	_, sent := slow.requests()
 	if sent[len(sent)-1] != int64(len(data)) {
 		t.Fatalf("bytes sent per request %v: the last must be the whole content", sent)
+	}
+	var from int64
+	if err := e.st.Pool.QueryRow(ctx, `SELECT resumed_from FROM artifact_downloads`).Scan(&from); err != nil || from != 0 {
+		t.Fatalf("resumed_from %d (%v), want 0", from, err)
 	}
 	if got := serve(t, e, digestOf(data)); !bytes.Equal(got, data) {
 		t.Fatalf("served %d bytes that differ from the source", len(got))

@@ -148,7 +148,14 @@ func (p *Prefetcher) open(ctx context.Context, a releases.Asset, offset int64, e
 	if err != nil {
 		return source{}, err
 	}
-	if offset > 0 && resp.StatusCode == http.StatusPartialContent {
+	if offset > 0 && resp.StatusCode == http.StatusRequestedRangeNotSatisfiable {
+		// Nothing after offset (every byte of an asset of unrecorded size
+		// was committed) or a shorter content: start again, simply.
+		resp.Body.Close()
+		if resp, err = get(0); err != nil {
+			return source{}, err
+		}
+	} else if offset > 0 && resp.StatusCode == http.StatusPartialContent {
 		same := resp.Header.Get("ETag") == etag && resp.Header.Get("Last-Modified") == lastMod
 		if start, ok := contentRangeStart(resp.Header.Get("Content-Range")); ok && start == offset && same {
 			return source{body: resp.Body, from: offset, etag: etag, lastMod: lastMod}, nil
@@ -390,7 +397,7 @@ func (p *Prefetcher) segment(ctx context.Context, w want, c claim, src source, h
 		return false, err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE artifact_downloads SET written = $2, bytes = $2, hash_state = $3, source_etag = $4, source_last_modified = $5,
-		updated_at = now() WHERE digest = $1`, w.Digest, *n, st, src.etag, src.lastMod); err != nil {
+		resumed_from = $6, updated_at = now() WHERE digest = $1`, w.Digest, *n, st, src.etag, src.lastMod, src.from); err != nil {
 		return false, err
 	}
 	return eof, tx.Commit(ctx)
