@@ -270,7 +270,7 @@ func artifactS3(cfg *config.Config) (*blobstore.S3, error) {
 	s3, err := blobstore.NewS3(blobstore.S3Config{Endpoint: a.S3Endpoint, Bucket: a.S3Bucket, Prefix: a.S3Prefix, Region: a.S3Region,
 		AccessKey: a.S3AccessKey, SecretKey: secret, TLS: a.S3TLS, CAFile: a.S3CAFile})
 	if err != nil {
-		return nil, fmt.Errorf("artifacts.s3Endpoint: %w", err)
+		return nil, fmt.Errorf("artifacts S3 store (artifacts.s3Endpoint %q, artifacts.s3CaFile %q): %w", a.S3Endpoint, a.S3CAFile, err)
 	}
 	return s3, nil
 }
