@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/cli"
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore/s3test"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/pgtest"
@@ -38,11 +40,14 @@ func init() {
 	})
 }
 
-const artifactBenchUsage = `Usage: myriarch-loadagents artifact-bench [--size 200] [--agents 1000] [--serve-size 0] [--dsn URL] [--myriarchd PATH]
+const artifactBenchUsage = `Usage: myriarch-loadagents artifact-bench [--size 200] [--agents 1000] [--serve-size 0] [--store postgres|s3] [--dsn URL] [--myriarchd PATH]
 Starts a private PostgreSQL (unless --dsn names an empty database) and two
 replicas as child processes (myriarchd serve). A local HTTP source serves a
 release asset of --size MiB of pseudo-random bytes; the leader prefetches it
-into a large object (time, throughput, the leader's peak RSS and CPU). Then
+into a large object (time, throughput, the leader's peak RSS and CPU).
+--store s3 stores it in S3 instead: an in-memory gofakes3 endpoint that
+this command starts on loopback (it is not a production S3; its own work
+runs in this process, not in the replicas). Then
 --agents clients download it at once, half from each replica, with the
 agents' credential (time, throughput, each replica's CPU and peak RSS).
 --serve-size (MiB, 0 = --size) serves a second artifact of that size
@@ -57,16 +62,17 @@ func runArtifactBench(args []string, stdout, stderr io.Writer) int {
 	serveSize := fs.Int("serve-size", 0, "size in MiB of the artifact served to the agents (0: --size)")
 	dsn := fs.String("dsn", "", "PostgreSQL of an empty database; default: a private one")
 	bin := fs.String("myriarchd", "", "the myriarchd binary; default: next to this program, else in PATH")
+	storeKind := fs.String("store", "postgres", "blob store: postgres, or s3 (a gofakes3 endpoint started by this command)")
 	if err := fs.Parse(args); err != nil {
 		return cli.ExitUsage
 	}
-	if *size < 1 || *agents < 1 || *agents > 5000 || *serveSize < 0 {
-		fmt.Fprintln(stderr, "artifact-bench: --size must be at least 1, --agents within [1, 5000], --serve-size at least 0")
+	if *size < 1 || *agents < 1 || *agents > 5000 || *serveSize < 0 || (*storeKind != "postgres" && *storeKind != "s3") {
+		fmt.Fprintln(stderr, "artifact-bench: --size must be at least 1, --agents within [1, 5000], --serve-size at least 0, --store postgres or s3")
 		return cli.ExitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := artifactBench(ctx, *bin, int64(*size)<<20, int64(*serveSize)<<20, *agents, *dsn, stdout, stderr); err != nil {
+	if err := artifactBench(ctx, *bin, int64(*size)<<20, int64(*serveSize)<<20, *agents, *dsn, *storeKind, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "artifact-bench:", err)
 		return 1
 	}
@@ -111,7 +117,7 @@ type benchReplica struct {
 	watchDone chan struct{}
 }
 
-func startBenchReplica(ctx context.Context, exe, id, dsn string, stderr io.Writer) (*benchReplica, error) {
+func startBenchReplica(ctx context.Context, exe, id, dsn string, extra map[string]string, stderr io.Writer) (*benchReplica, error) {
 	port := func() string {
 		p, _ := pgtest.FreePort("127.0.0.1")
 		return "127.0.0.1:" + strconv.Itoa(p)
@@ -119,6 +125,7 @@ func startBenchReplica(ctx context.Context, exe, id, dsn string, stderr io.Write
 	r := &benchReplica{http: port()}
 	settings := map[string]string{"database.url": dsn, "server.enrollmentSecret": benchSecret, "ha.replicaId": id,
 		"server.httpListen": r.http, "server.opampListen": port(), "jobs.artifactPrefetchInterval": "1s", "log.level": "warn"}
+	maps.Copy(settings, extra)
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MYRIARCH_") {
@@ -197,7 +204,7 @@ func procRSS(pid int) int64 {
 
 const benchSecret = "artifact-bench-secret-0123"
 
-func artifactBench(ctx context.Context, exe string, size, serveSize int64, agents int, dsn string, stdout, stderr io.Writer) error {
+func artifactBench(ctx context.Context, exe string, size, serveSize int64, agents int, dsn, storeKind string, stdout, stderr io.Writer) error {
 	if exe == "" {
 		var err error
 		if exe, err = findMyriarchd(); err != nil {
@@ -234,7 +241,22 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 	go func() { _ = src.Serve(l) }()
 	defer src.Close()
 
-	a, err := startBenchReplica(ctx, exe, "bench-a", dsn, stderr)
+	extra := map[string]string{}
+	storeName := "postgres (large objects)"
+	if storeKind == "s3" {
+		s3 := s3test.New()
+		defer s3.Close()
+		const bucket = "artifact-bench"
+		if err := s3.MakeBucket(ctx, bucket); err != nil {
+			return err
+		}
+		extra = map[string]string{"artifacts.store": "s3", "artifacts.s3Endpoint": s3.Endpoint(), "artifacts.s3Bucket": bucket,
+			"artifacts.s3Region": s3test.Region, "artifacts.s3AccessKey": s3test.AccessKey, "artifacts.s3SecretKey": s3test.SecretKey,
+			"artifacts.s3Tls": "false"}
+		storeName = "s3 (gofakes3 in memory, in this command's process, over loopback HTTP; not a production S3)"
+	}
+	fmt.Fprintln(stderr, "artifact-bench: blob store:", storeName)
+	a, err := startBenchReplica(ctx, exe, "bench-a", dsn, extra, stderr)
 	if err != nil {
 		return err
 	}
@@ -244,7 +266,7 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 	}) {
 		return errors.New("replica bench-a did not start leading")
 	}
-	b, err := startBenchReplica(ctx, exe, "bench-b", dsn, stderr)
+	b, err := startBenchReplica(ctx, exe, "bench-b", dsn, extra, stderr)
 	if err != nil {
 		return err
 	}
@@ -289,20 +311,22 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 	if err != nil {
 		return err
 	}
-
+	// From the moment the download's row appears (the job claimed it) to
+	// the moment the verified blob's row is visible.
+	if !fleettest.Eventually(time.Minute, func() bool {
+		var ok bool
+		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM artifact_downloads WHERE digest = $1)`, digest).Scan(&ok)
+		return ok
+	}) {
+		return errors.New("the download did not start")
+	}
+	started := time.Now()
 	if err := waitBlob(digest); err != nil {
 		return err
 	}
-	// The blob's transaction starts when the download starts (stored_at is
-	// its now()); it is visible when it commits.
-	seen := time.Now()
-	var storedAt time.Time
-	if err := pool.QueryRow(ctx, `SELECT stored_at FROM artifact_blobs WHERE digest = $1`, digest).Scan(&storedAt); err != nil {
-		return err
-	}
-	took := seen.Sub(storedAt).Seconds()
+	took := time.Since(started).Seconds()
 	peak := a.unwatch()
-	emitJSON(stdout, map[string]any{"event": "prefetch", "bytes": size, "took_s": took, "mib_per_s": float64(size) / (1 << 20) / took,
+	emitJSON(stdout, map[string]any{"event": "prefetch", "store": storeName, "bytes": size, "took_s": took, "mib_per_s": float64(size) / (1 << 20) / took,
 		"leader_peak_rss_mb": float64(peak) / 1e6, "leader_cpu_s": a.cpu() - cpu0, "chunk_bytes": artifacts.ChunkSize})
 
 	serveDigest := digest

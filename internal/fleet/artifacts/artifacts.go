@@ -5,48 +5,59 @@
 // platforms of the fleet (the agents' os.type and host.arch attributes;
 // assets without a platform always), verifies the sha256 digest and, where
 // the package has a public key, the ed25519 signature of the digest, and
-// stores each blob once, addressed by its digest, as a PostgreSQL large
-// object that every replica serves from.
+// stores each blob once, addressed by its digest, in a blob store that
+// every replica serves from (package blobstore): PostgreSQL large objects
+// by default, or an S3-compatible store.
 //
-// A blob is written in one transaction: the large object is created and
-// streamed in chunks (never whole in memory) while the digest is computed,
-// and only after the digest, size and signature check out does the same
-// transaction fence the term and insert the artifact_blobs row that makes
-// the blob servable. A leader that dies mid-download leaves nothing: its
-// transaction rolls back with the large object, and the new leader starts
-// the download again. A corrupt or partial blob is therefore never served.
+// A blob is servable only once its artifact_blobs row exists, and that row
+// is inserted only after the bytes are completely stored and the digest,
+// size and signature check out, in a transaction fenced by the job's term.
+// A corrupt or partial blob is therefore never served.
+//
+// Downloads into PostgreSQL resume: the large object is committed in
+// segments (Options.SegmentSize), and each segment records in the
+// download's row the bytes written and the serialized sha256 state after
+// them. A new leader continues from there with an HTTP Range request when
+// the source answers it (206, with the same ETag or Last-Modified as
+// before); otherwise it starts again from byte 0. The row names the term
+// of the job that owns the download: a segment commits only while the row
+// still names that term, checked under a row lock at commit, so the job of
+// a leader that lost its term cannot write into a download that a new
+// leader took over. Uploads to S3 start again from byte 0 after a failover
+// (the unfinished multipart upload is garbage for retention).
 //
 // Retention: per package, the blobs of the newest keep versions plus those
 // of every version that an agent reports in its package statuses are kept;
-// other blobs are unlinked.
+// other blobs are removed from their store, and so are partial large
+// objects of downloads that are no longer wanted and S3 objects without a
+// row.
 package artifacts
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"hash"
-	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 )
 
 // ChunkSize is the size of one read from the source and one write to the
-// large object: the prefetcher's memory per download.
-const ChunkSize = 256 << 10
+// store: the prefetcher's memory per download into PostgreSQL (an upload
+// to S3 buffers one part, blobstore.S3PartSize).
+const ChunkSize = blobstore.ReadChunk
+
+// DefaultSegmentSize is how many bytes of a download into PostgreSQL are
+// committed at once: what a failover can cost again.
+const DefaultSegmentSize = 8 << 20
 
 // ProgressEvery is how often a running download's progress is written to
 // the database, logged and exported.
@@ -55,16 +66,23 @@ const ProgressEvery = time.Second
 // Options configure the prefetcher.
 type Options struct {
 	Pool *pgxpool.Pool
-	// FenceTx checks the term inside the caller's transaction
-	// (pgleader.Elector.Fence); the blob row is inserted after it.
-	FenceTx func(ctx context.Context, tx pgx.Tx) error
-	// TermOf returns the current term, for the records.
-	TermOf  func() int64
+	// LockKey is ha.leaderLockKey: the term row that the job reads inside
+	// its fenced transactions, to record which term wrote what.
+	LockKey int64
 	Replica string
 	// Keep is the number of newest versions per package whose blobs are kept.
-	Keep   int
-	Client *http.Client
-	Log    *slog.Logger
+	Keep int
+	// S3 is the S3-compatible store, if one is configured: retention
+	// deletes the objects of S3 blobs through it and sweeps its garbage.
+	S3 *blobstore.S3
+	// StoreS3 stores new blobs in S3 (which must be set) instead of as
+	// PostgreSQL large objects. Blobs already stored stay where they are
+	// (and are still served and retained).
+	StoreS3 bool
+	// SegmentSize overrides DefaultSegmentSize (at least ChunkSize).
+	SegmentSize int64
+	Client      *http.Client
+	Log         *slog.Logger
 	// Registerer may be nil.
 	Registerer prometheus.Registerer
 	// ProgressEvery overrides ProgressEvery (tests).
@@ -85,6 +103,10 @@ type Progress struct {
 	Error     string    `json:"error"`
 	ReplicaID string    `json:"replica_id"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Store is where the download goes (pg, s3); ResumedFrom is the byte
+	// the latest attempt continued from (0: from the beginning).
+	Store       string `json:"store"`
+	ResumedFrom int64  `json:"resumed_from"`
 }
 
 // Prefetcher is the artifact prefetch job.
@@ -98,6 +120,7 @@ type Prefetcher struct {
 	mCurBytes *prometheus.GaugeVec
 	mCurTotal *prometheus.GaugeVec
 	mUnlinked prometheus.Counter
+	mResumed  prometheus.Counter
 
 	mu sync.Mutex
 }
@@ -116,8 +139,8 @@ func New(o Options) *Prefetcher {
 	if o.ProgressEvery <= 0 {
 		o.ProgressEvery = ProgressEvery
 	}
-	if o.TermOf == nil {
-		o.TermOf = func() int64 { return 0 }
+	if o.SegmentSize < ChunkSize {
+		o.SegmentSize = DefaultSegmentSize
 	}
 	p := &Prefetcher{o: o, log: o.Log.With("component", "artifact_prefetch"),
 		mBytes:    prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_download_bytes_total", Help: "Bytes downloaded by the artifact prefetcher."}),
@@ -126,9 +149,10 @@ func New(o Options) *Prefetcher {
 		mCurBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_artifact_download_progress_bytes", Help: "Bytes downloaded so far of a running download."}, []string{"digest"}),
 		mCurTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_artifact_download_size_bytes", Help: "Size of a running download (-1 unknown)."}, []string{"digest"}),
 		mUnlinked: prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_blobs_removed_total", Help: "Blobs removed by the retention of the artifact prefetcher."}),
+		mResumed:  prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_downloads_resumed_total", Help: "Downloads into PostgreSQL continued from the bytes a previous attempt committed."}),
 	}
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(p.mBytes, p.mBlobs, p.mFailures, p.mCurBytes, p.mCurTotal, p.mUnlinked)
+		o.Registerer.MustRegister(p.mBytes, p.mBlobs, p.mFailures, p.mCurBytes, p.mCurTotal, p.mUnlinked, p.mResumed)
 	}
 	return p
 }
@@ -240,254 +264,6 @@ func (p *Prefetcher) haveBlobs(ctx context.Context) (map[string]bool, error) {
 	return m, err
 }
 
-// open returns the asset's content stream.
-func (p *Prefetcher) open(ctx context.Context, a releases.Asset) (io.ReadCloser, error) {
-	// OCI assets are addressed as repository@digest; others are plain URLs.
-	if !strings.Contains(a.URL, "@sha256:") {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.URL, nil)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := p.o.Client.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		if resp.StatusCode != http.StatusOK {
-			resp.Body.Close()
-			return nil, fmt.Errorf("GET %s: %s", a.URL, resp.Status)
-		}
-		return resp.Body, nil
-	}
-	return releases.OpenOCI(ctx, p.o.Client, a.URL, a.Size)
-}
-
-func (p *Prefetcher) setProgress(ctx context.Context, fence jobs.Fence, w want, state string, n int64, attempt bool, msg string) error {
-	return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		inc := 0
-		if attempt {
-			inc = 1
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO artifact_downloads (digest, package, version, asset, state, bytes, total, attempts, error, replica_id, term, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
-			ON CONFLICT (digest) DO UPDATE SET package = $2, version = $3, asset = $4, state = $5, bytes = $6, total = $7,
-				attempts = artifact_downloads.attempts + $8, error = $9, replica_id = $10, term = $11, updated_at = now()`,
-			w.Digest, w.pkg, w.version, w.Name, state, n, w.Size, inc, msg, p.o.Replica, p.o.TermOf())
-		return err
-	})
-}
-
-// download streams one asset into a large object and makes it servable
-// only once verified.
-func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (err error) {
-	log := p.log.With("package", w.pkg, "version", w.version, "asset", w.Name, "digest", w.Digest)
-	if err := p.setProgress(ctx, fence, w, "downloading", 0, true, ""); err != nil {
-		return err
-	}
-	var n int64
-	reason := "source"
-	defer func() {
-		p.mCurBytes.DeleteLabelValues(w.Digest)
-		p.mCurTotal.DeleteLabelValues(w.Digest)
-		if err == nil || ctx.Err() != nil {
-			return
-		}
-		p.mFailures.WithLabelValues(reason).Inc()
-		log.Warn("artifact download failed", "bytes", n, "error", err)
-		err = fmt.Errorf("asset %s of %s %s (%s): %w", w.Name, w.pkg, w.version, w.Digest, err)
-		if perr := p.setProgress(ctx, fence, w, "failed", n, false, err.Error()); perr != nil {
-			err = errors.Join(err, perr)
-		}
-	}()
-	if !strings.HasPrefix(w.Digest, "sha256:") {
-		reason = "digest"
-		return fmt.Errorf("digest %q: only sha256 is supported", w.Digest)
-	}
-	if err := releases.VerifySignature(w.publicKey, w.Digest, w.Signature); err != nil {
-		reason = "signature"
-		return err
-	}
-	log.Info("artifact download started", "size", w.Size)
-	rc, err := p.open(ctx, w.Asset)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-
-	tx, err := p.o.Pool.Begin(ctx)
-	if err != nil {
-		reason = "store"
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	los := tx.LargeObjects()
-	oid, err := los.Create(ctx, 0)
-	if err != nil {
-		reason = "store"
-		return err
-	}
-	obj, err := los.Open(ctx, oid, pgx.LargeObjectModeWrite)
-	if err != nil {
-		reason = "store"
-		return err
-	}
-	h := sha256.New()
-	buf := make([]byte, ChunkSize)
-	p.mCurTotal.WithLabelValues(w.Digest).Set(float64(w.Size))
-	// The progress is reported on a timer, so a stalled source shows as
-	// bytes that stop growing rather than as no report at all.
-	var done atomic.Int64
-	reporter := make(chan struct{})
-	stopReport := make(chan struct{})
-	go func() {
-		defer close(reporter)
-		t := time.NewTicker(p.o.ProgressEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopReport:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				k := done.Load()
-				log.Info("artifact download progress", "bytes", k, "size", w.Size, "percent", percent(k, w.Size))
-				_ = p.setProgress(ctx, fence, w, "downloading", k, false, "")
-			}
-		}
-	}()
-	var stopOnce sync.Once
-	stopReporter := func() { stopOnce.Do(func() { close(stopReport); <-reporter }) }
-	defer stopReporter()
-	for {
-		k, rerr := io.ReadFull(rc, buf)
-		if k > 0 {
-			h.Write(buf[:k])
-			if _, err := obj.Write(buf[:k]); err != nil {
-				reason = "store"
-				return err
-			}
-			n += int64(k)
-			done.Store(n)
-			p.mBytes.Add(float64(k))
-			p.mCurBytes.WithLabelValues(w.Digest).Set(float64(n))
-			if w.Size >= 0 && n > w.Size {
-				reason = "size"
-				return fmt.Errorf("more than the recorded size of %d bytes", w.Size)
-			}
-		}
-		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-			break
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
-	stopReporter()
-	if err := verify(h, w.Digest, n, w.Size); err != nil {
-		reason = "digest"
-		return err
-	}
-	if err := obj.Close(); err != nil {
-		reason = "store"
-		return err
-	}
-	// The term is checked in the same transaction, right before the row
-	// that makes the blob servable.
-	if err := p.o.FenceTx(ctx, tx); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO artifact_blobs (digest, store, lo_oid, size, term) VALUES ($1, 'pg', $2, $3, $4)`,
-		w.Digest, oid, n, p.o.TermOf()); err != nil {
-		reason = "store"
-		return err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE artifact_downloads SET state = 'done', bytes = $2, error = '', updated_at = now() WHERE digest = $1`, w.Digest, n); err != nil {
-		reason = "store"
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		reason = "store"
-		return err
-	}
-	p.mBlobs.Inc()
-	log.Info("artifact stored", "bytes", n)
-	return nil
-}
-
-func verify(h hash.Hash, want string, n, size int64) error {
-	got := "sha256:" + hex.EncodeToString(h.Sum(nil))
-	if size >= 0 && n != size {
-		return fmt.Errorf("got %d bytes, the release records %d", n, size)
-	}
-	if got != want {
-		return fmt.Errorf("digest mismatch: the content is %s, the release records %s", got, want)
-	}
-	return nil
-}
-
-func percent(n, total int64) float64 {
-	if total <= 0 {
-		return -1
-	}
-	return float64(int64(float64(n)*10000/float64(total))) / 100
-}
-
-// retain unlinks the blobs that no longer belong to the newest Keep
-// versions of a package and that no agent reports as its package hash.
-func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
-	rels, err := releases.ListReleases(ctx, p.o.Pool, "")
-	if err != nil {
-		return err
-	}
-	inUse, err := InUse(ctx, p.o.Pool)
-	if err != nil {
-		return err
-	}
-	keep := map[string]bool{}
-	n := map[string]int{}
-	for _, r := range rels {
-		newest := n[r.Package] < p.o.Keep
-		n[r.Package]++
-		if !newest && !inUse[r.Package+"@"+r.Version] {
-			continue
-		}
-		for _, a := range r.Assets {
-			keep[a.Digest] = true
-		}
-	}
-	ks := []string{}
-	for d := range keep {
-		ks = append(ks, d)
-	}
-	var removed int64
-	err = fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `DELETE FROM artifact_blobs WHERE NOT (digest = ANY($1)) RETURNING lo_oid`, ks)
-		if err != nil {
-			return err
-		}
-		oids, err := pgx.CollectRows(rows, pgx.RowTo[*uint32])
-		if err != nil {
-			return err
-		}
-		for _, o := range oids {
-			if o == nil {
-				continue
-			}
-			los := tx.LargeObjects()
-			if err := los.Unlink(ctx, *o); err != nil {
-				return err
-			}
-			removed++
-		}
-		return nil
-	})
-	if err == nil && removed > 0 {
-		p.mUnlinked.Add(float64(removed))
-		p.log.Info("artifact retention removed blobs", "count", removed)
-	}
-	return err
-}
-
 // InUse returns the package versions that agents report as installed in
 // their package statuses, as keys package + "@" + version.
 func InUse(ctx context.Context, pool *pgxpool.Pool) (map[string]bool, error) {
@@ -509,14 +285,14 @@ func InUse(ctx context.Context, pool *pgxpool.Pool) (map[string]bool, error) {
 
 // Downloads returns the recorded downloads, running ones first.
 func Downloads(ctx context.Context, pool *pgxpool.Pool) ([]Progress, error) {
-	rows, err := pool.Query(ctx, `SELECT digest, package, version, asset, state, bytes, total, attempts, error, replica_id, updated_at
+	rows, err := pool.Query(ctx, `SELECT digest, package, version, asset, state, bytes, total, attempts, error, replica_id, updated_at, store, resumed_from
 		FROM artifact_downloads ORDER BY state = 'downloading' DESC, updated_at DESC`)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Progress, error) {
 		var d Progress
-		err := r.Scan(&d.Digest, &d.Package, &d.Version, &d.Asset, &d.State, &d.Bytes, &d.Total, &d.Attempts, &d.Error, &d.ReplicaID, &d.UpdatedAt)
+		err := r.Scan(&d.Digest, &d.Package, &d.Version, &d.Asset, &d.State, &d.Bytes, &d.Total, &d.Attempts, &d.Error, &d.ReplicaID, &d.UpdatedAt, &d.Store, &d.ResumedFrom)
 		d.Percent = percent(d.Bytes, d.Total)
 		return d, err
 	})

@@ -2,7 +2,6 @@ package artifacts
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -113,19 +112,5 @@ func refuse(w http.ResponseWriter, r *http.Request, err error, log *slog.Logger)
 	default:
 		log.Warn("checking an artifact download's credential failed", "error", err)
 		http.Error(w, "checking the credential failed; retry", http.StatusServiceUnavailable)
-	}
-}
-
-// EnrollmentSecretAuth accepts one fixed bearer token. myriarchd does not
-// use it (see AgentAuth: the enrollment secret is refused there); it
-// serves the handler's own tests, which are about serving, not
-// credentials.
-func EnrollmentSecretAuth(secret string) AgentAuthorizer {
-	return func(r *http.Request) error {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if ok && secret != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(secret)) == 1 {
-			return nil
-		}
-		return ErrUnauthorized
 	}
 }

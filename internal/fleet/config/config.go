@@ -153,6 +153,38 @@ type Artifacts struct {
 	GitHubAPIURL string
 	// GitHubToken authenticates the release tracker to GitHub.
 	GitHubToken string
+	// Store is where new blobs go: "postgres" (large objects) or "s3".
+	Store string
+	// SegmentBytes is how much of a download into PostgreSQL is committed
+	// at once (what a leader failover can cost again).
+	SegmentBytes int64
+	// S3 is the S3-compatible store (Store "s3").
+	S3Endpoint      string
+	S3Bucket        string
+	S3Prefix        string
+	S3Region        string
+	S3AccessKey     string
+	S3SecretKey     string
+	S3SecretKeyFile string
+	S3TLS           bool
+	S3CAFile        string
+}
+
+// ResolveS3SecretKey returns the S3 secret key: artifacts.s3SecretKey, or the
+// content of artifacts.s3SecretKeyFile (surrounding white space trimmed).
+func (a Artifacts) ResolveS3SecretKey() (string, error) {
+	if a.S3SecretKeyFile == "" {
+		return a.S3SecretKey, nil
+	}
+	b, err := os.ReadFile(a.S3SecretKeyFile)
+	if err != nil {
+		return "", &FieldError{Field: "artifacts.s3SecretKeyFile", Value: fmt.Sprintf("%q", a.S3SecretKeyFile), Rule: "must be a readable file (" + err.Error() + ")"}
+	}
+	k := strings.TrimSpace(string(b))
+	if k == "" {
+		return "", &FieldError{Field: "artifacts.s3SecretKeyFile", Value: fmt.Sprintf("%q", a.S3SecretKeyFile), Rule: "must not be empty"}
+	}
+	return k, nil
 }
 
 // Log is the logging.
@@ -231,6 +263,47 @@ func strSetting(key, def, rule, meaning string, check func(string) bool, dst fun
 		*dst(c) = v
 		return nil
 	}}
+}
+
+func boolSetting(key, def, meaning string, dst func(*Config) *bool) Setting {
+	const rule = "must be true or false"
+	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return errors.New(rule)
+		}
+		*dst(c) = b
+		return nil
+	}}
+}
+
+// hostPort is host:port with a port number and without a scheme.
+func hostPort(v string) bool {
+	if strings.Contains(v, "/") {
+		return false
+	}
+	h, p, ok := strings.Cut(v, ":")
+	n, err := strconv.Atoi(p)
+	return ok && h != "" && err == nil && n > 0 && n <= 65535 && !strings.Contains(p, ":")
+}
+
+// s3Bucket follows the S3 bucket naming rules: 3 to 63 lower-case
+// letters, digits, dots and hyphens, starting and ending with a letter or
+// digit.
+func s3Bucket(v string) bool {
+	if v == "" {
+		return true
+	}
+	if len(v) < 3 || len(v) > 63 {
+		return false
+	}
+	for i, r := range v {
+		alnum := r >= 'a' && r <= 'z' || r >= '0' && r <= '9'
+		if !alnum && (i == 0 || i == len(v)-1 || (r != '.' && r != '-')) {
+			return false
+		}
+	}
+	return true
 }
 
 func listenAddr(v string) bool {
@@ -343,6 +416,30 @@ var Settings = []Setting{
 		func(c *Config) *string { return &c.Artifacts.GitHubAPIURL }),
 	strSetting("artifacts.githubToken", "", "", "Token of the release tracker for the GitHub API (raises the rate limit, reads private repositories' release lists); prefer the environment variable.", nil,
 		func(c *Config) *string { return &c.Artifacts.GitHubToken }),
+	strSetting("artifacts.store", "postgres", "must be postgres or s3",
+		"Where prefetched blobs are stored: postgres (large objects in the database, nothing else needed) or s3 (an S3-compatible object store, the artifacts.s3* settings). Blobs already stored stay where they are and are still served.",
+		func(s string) bool { return s == "postgres" || s == "s3" }, func(c *Config) *string { return &c.Artifacts.Store }),
+	intSetting("artifacts.segmentBytes", "8388608", 256<<10, 1<<30,
+		"A download into PostgreSQL is committed every this many bytes, with its hash state, so that a new leader resumes it from there instead of from byte 0.",
+		func(c *Config) *int64 { return &c.Artifacts.SegmentBytes }),
+	strSetting("artifacts.s3Endpoint", "", "must be host:port (no scheme; TLS is artifacts.s3Tls)",
+		"S3-compatible endpoint, for artifacts.store s3.",
+		func(s string) bool { return s == "" || hostPort(s) }, func(c *Config) *string { return &c.Artifacts.S3Endpoint }),
+	strSetting("artifacts.s3Bucket", "", "must be an S3 bucket name: 3 to 63 lower-case letters, digits, dots and hyphens, starting and ending with a letter or digit",
+		"Bucket of the blobs (it must exist).", s3Bucket, func(c *Config) *string { return &c.Artifacts.S3Bucket }),
+	strSetting("artifacts.s3Prefix", "myriarch/", "must not start with / and must be at most 512 characters",
+		"Key prefix of the blobs in the bucket; retention deletes objects under <prefix>blobs/ that no blob names, so do not share it.",
+		func(s string) bool { return !strings.HasPrefix(s, "/") && len(s) <= 512 }, func(c *Config) *string { return &c.Artifacts.S3Prefix }),
+	strSetting("artifacts.s3Region", "", "", "Region of the bucket; empty asks the endpoint.", nil,
+		func(c *Config) *string { return &c.Artifacts.S3Region }),
+	strSetting("artifacts.s3AccessKey", "", "", "Access key id.", nil, func(c *Config) *string { return &c.Artifacts.S3AccessKey }),
+	secret(strSetting("artifacts.s3SecretKey", "", "", "Secret access key; prefer the environment variable or artifacts.s3SecretKeyFile. Never logged.", nil,
+		func(c *Config) *string { return &c.Artifacts.S3SecretKey })),
+	strSetting("artifacts.s3SecretKeyFile", "", "", "File with the secret access key, read at start.", nil,
+		func(c *Config) *string { return &c.Artifacts.S3SecretKeyFile }),
+	boolSetting("artifacts.s3Tls", "true", "Speak https to the endpoint.", func(c *Config) *bool { return &c.Artifacts.S3TLS }),
+	strSetting("artifacts.s3CaFile", "", "", "PEM CA bundle that verifies the endpoint's certificate besides the system's (needs artifacts.s3Tls).", nil,
+		func(c *Config) *string { return &c.Artifacts.S3CAFile }),
 	durSetting("jobs.rolloutInterval", "2s", 100*time.Millisecond, time.Minute,
 		"Interval of the rollout planner and engine (leader only): how often each active rollout takes a step (reads reports, sends the next agents, opens the next wave).",
 		func(c *Config) *time.Duration { return &c.Jobs.RolloutInterval }),
@@ -533,6 +630,32 @@ func (c *Config) crossCheck() []error {
 	}
 	if _, err := c.keepalive(); err != nil {
 		errs = append(errs, err)
+	}
+	return append(errs, c.Artifacts.check()...)
+}
+
+func (a Artifacts) check() []error {
+	var errs []error
+	if a.S3SecretKey != "" && a.S3SecretKeyFile != "" {
+		errs = append(errs, &FieldError{Field: "artifacts.s3SecretKeyFile", Value: fmt.Sprintf("%q", a.S3SecretKeyFile),
+			Rule: "set artifacts.s3SecretKey or artifacts.s3SecretKeyFile, not both"})
+	}
+	if a.S3CAFile != "" && !a.S3TLS {
+		errs = append(errs, &FieldError{Field: "artifacts.s3CaFile", Value: fmt.Sprintf("%q", a.S3CAFile), Rule: "needs artifacts.s3Tls true"})
+	}
+	if a.Store != "s3" {
+		return errs
+	}
+	for _, f := range []struct{ key, v string }{
+		{"artifacts.s3Endpoint", a.S3Endpoint}, {"artifacts.s3Bucket", a.S3Bucket}, {"artifacts.s3AccessKey", a.S3AccessKey},
+	} {
+		if f.v == "" {
+			errs = append(errs, &FieldError{Field: f.key, Value: `""`, Rule: "is required with artifacts.store s3"})
+		}
+	}
+	if a.S3SecretKey == "" && a.S3SecretKeyFile == "" {
+		errs = append(errs, &FieldError{Field: "artifacts.s3SecretKey", Value: `""`,
+			Rule: "artifacts.s3SecretKey (or " + EnvName("artifacts.s3SecretKey") + ") or artifacts.s3SecretKeyFile is required with artifacts.store s3"})
 	}
 	return errs
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,5 +131,47 @@ func TestHTTPTLSFilesGoTogether(t *testing.T) {
 	_, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_SERVER_HTTPTLSCERTFILE=/x.pem")})
 	if err == nil || !strings.Contains(err.Error(), "server.httpTlsKeyFile") {
 		t.Fatal(err)
+	}
+}
+
+func TestArtifactS3SettingsAreChecked(t *testing.T) {
+	base := map[string]string{"database.url": "postgres://x", "server.enrollmentSecret": "0123456789abcdef0123"}
+	load := func(kv ...string) error {
+		o := maps.Clone(base)
+		for i := 0; i+1 < len(kv); i += 2 {
+			o[kv[i]] = kv[i+1]
+		}
+		_, err := Load(Source{Environ: []string{}, Overrides: o})
+		return err
+	}
+	if err := load(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	err := load("artifacts.store", "s3")
+	for _, want := range []string{"artifacts.s3Endpoint", "artifacts.s3Bucket", "artifacts.s3AccessKey", "artifacts.s3SecretKey", "is required with artifacts.store s3"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want %q in %v", want, err)
+		}
+	}
+	for _, c := range []struct{ key, value, rule string }{
+		{"artifacts.store", "disk", "must be postgres or s3"},
+		{"artifacts.s3Endpoint", "https://s3.example.com", "must be host:port"},
+		{"artifacts.s3Bucket", "Bad_Bucket", "must be an S3 bucket name"},
+		{"artifacts.s3Tls", "yes please", "must be true or false"},
+		{"artifacts.segmentBytes", "1024", "must be an integer within"},
+	} {
+		err := load(c.key, c.value)
+		if err == nil || !strings.Contains(err.Error(), c.key) || !strings.Contains(err.Error(), c.value) || !strings.Contains(err.Error(), c.rule) {
+			t.Errorf("%s=%s: %v", c.key, c.value, err)
+		}
+	}
+	// The secret is never echoed.
+	err = load("artifacts.s3SecretKey", "hunter2-the-secret", "artifacts.s3SecretKeyFile", "/k")
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("both secrets: %v", err)
+	}
+	if err := load("artifacts.store", "s3", "artifacts.s3Endpoint", "s3.example.com:443", "artifacts.s3Bucket", "fleet-artifacts",
+		"artifacts.s3AccessKey", "AK", "artifacts.s3SecretKey", "SK"); err != nil {
+		t.Fatalf("complete S3 settings: %v", err)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/jackc/pgx/v5"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,6 +31,7 @@ import (
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 	"github.com/myriarch/myriarch/internal/fleet/gitops"
@@ -161,30 +161,20 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// The release tracker and the prefetch record the term of the latest
-	// leadership and fence their own transactions with it; their writes
-	// also go through the job's fence, and a job stops with its term.
-	termOf := func() int64 {
-		if l := d.Leadership(); l != nil && l.Context().Err() == nil {
-			return l.Term()
-		}
-		return 0
-	}
-	fenceTx := func(ctx context.Context, tx pgx.Tx) error {
-		l := d.Leadership()
-		if l == nil {
-			return pgleader.ErrStaleTerm
-		}
-		return l.Fence(ctx, tx)
-	}
 	gh, err := releases.NewGitHubLister(cfg.Artifacts.GitHubAPIURL, cfg.Artifacts.GitHubToken, nil)
 	if err != nil {
 		return nil, fmt.Errorf("artifacts.githubApiUrl: %w", err)
 	}
+	// The release tracker and the prefetch write through the fence of the
+	// term the runner started them in, and record that term.
 	tracker := releases.NewTracker(d.Store.Pool, map[string]releases.Lister{releases.TypeOCI: releases.OCILister{}, releases.TypeGitHub: gh},
-		termOf, d.log, d.Reg)
-	prefetch := artifacts.New(artifacts.Options{Pool: d.Store.Pool, FenceTx: fenceTx, TermOf: termOf, Replica: cfg.HA.ReplicaID,
-		Keep: int(cfg.Artifacts.KeepVersions), Log: d.log, Registerer: d.Reg})
+		cfg.HA.LeaderLockKey, d.log, d.Reg)
+	s3, err := artifactS3(cfg)
+	if err != nil {
+		return nil, err
+	}
+	prefetch := artifacts.New(artifacts.Options{Pool: d.Store.Pool, LockKey: cfg.HA.LeaderLockKey, Replica: cfg.HA.ReplicaID,
+		Keep: int(cfg.Artifacts.KeepVersions), S3: s3, StoreS3: cfg.Artifacts.Store == "s3", SegmentSize: cfg.Artifacts.SegmentBytes, Log: d.log, Registerer: d.Reg})
 	leaderJobs := []jobs.Job{
 		jobs.OfflineSweeper(cfg.Jobs.OfflineSweepInterval, cfg.Agents.OfflineAfter, nil),
 		jobs.Housekeeping(cfg.Jobs.HousekeepingInterval, cfg.Agents.EventRetention, cfg.Jobs.ReplicaRetention, d.Elector.LockKey()),
@@ -227,7 +217,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
-	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg, d.Store, tokens), d.log))
+	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg, d.Store, tokens), d.log, s3Store(s3)...))
 	if poller != nil {
 		// Verified by its HMAC signature, not by an API token.
 		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
@@ -266,6 +256,33 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.log.Info("myriarchd replica started", "replica", cfg.HA.ReplicaID, "opamp", d.OpAMP.Addr().String()+cfg.Server.OpAMPPath,
 		"http", d.httpAddr.String(), "leaderSessionTimeout", cfg.HA.LeaderSessionTimeout)
 	return d, nil
+}
+
+// artifactS3 is the S3 store of artifacts.store s3, else of the S3
+// settings when they are complete (so that blobs stored there before a
+// switch back to postgres are still served), else nil.
+func artifactS3(cfg *config.Config) (*blobstore.S3, error) {
+	a := cfg.Artifacts
+	if a.Store != "s3" && (a.S3Endpoint == "" || a.S3Bucket == "") {
+		return nil, nil
+	}
+	secret, err := a.ResolveS3SecretKey()
+	if err != nil {
+		return nil, err
+	}
+	s3, err := blobstore.NewS3(blobstore.S3Config{Endpoint: a.S3Endpoint, Bucket: a.S3Bucket, Prefix: a.S3Prefix, Region: a.S3Region,
+		AccessKey: a.S3AccessKey, SecretKey: secret, TLS: a.S3TLS, CAFile: a.S3CAFile})
+	if err != nil {
+		return nil, fmt.Errorf("artifacts S3 store (artifacts.s3Endpoint %q, artifacts.s3CaFile %q): %w", a.S3Endpoint, a.S3CAFile, err)
+	}
+	return s3, nil
+}
+
+func s3Store(s *blobstore.S3) []blobstore.Store {
+	if s == nil {
+		return nil
+	}
+	return []blobstore.Store{s}
 }
 
 // AgentAuth is the one credential check of the artifact endpoint

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
@@ -103,7 +104,7 @@ func TestTrackerRecordsReleasesFromARealRegistry(t *testing.T) {
 	if err := releases.PutSource(ctx, st.Pool, bad); err != nil {
 		t.Fatal(err)
 	}
-	tr := releases.NewTracker(st.Pool, map[string]releases.Lister{"oci": releases.OCILister{}}, func() int64 { return term }, nil, nil)
+	tr := releases.NewTracker(st.Pool, map[string]releases.Lister{"oci": releases.OCILister{}}, pgleader.DefaultLockKey, nil, nil)
 	err := tr.Run(ctx, el.InTerm)
 	if err == nil || !strings.Contains(err.Error(), "package broken") {
 		t.Fatalf("want the broken source's error, got %v", err)
@@ -114,6 +115,13 @@ func TestTrackerRecordsReleasesFromARealRegistry(t *testing.T) {
 	}
 	if len(rels) != 2 || rels[0].Version != "v1.1.0" || rels[1].Version != "v1.0.0" {
 		t.Fatalf("releases: %+v", rels)
+	}
+	// The recorded term is the one the job's own fence checked.
+	var terms []int64
+	if rows, err := st.Pool.Query(ctx, `SELECT DISTINCT term FROM package_releases`); err != nil {
+		t.Fatal(err)
+	} else if terms, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(terms) != 1 || terms[0] != term {
+		t.Fatalf("recorded terms %v (%v), want [%d]", terms, err, term)
 	}
 	r := rels[1]
 	if len(r.Assets) != 2 || !r.PublishedAt.Equal(time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)) {
@@ -173,11 +181,58 @@ func TestTrackerWritesNothingWithoutTheTerm(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop()
-	tr := releases.NewTracker(st.Pool, map[string]releases.Lister{"oci": releases.OCILister{}}, nil, nil, nil)
+	tr := releases.NewTracker(st.Pool, map[string]releases.Lister{"oci": releases.OCILister{}}, pgleader.DefaultLockKey, nil, nil)
 	if err := tr.Run(ctx, other.InTerm); !errors.Is(err, pgleader.ErrStaleTerm) {
 		t.Fatalf("want a stale-term error, got %v", err)
 	}
 	if rels, _ := releases.ListReleases(ctx, st.Pool, ""); len(rels) != 0 {
 		t.Fatalf("recorded without the term: %+v", rels)
+	}
+}
+
+// The tracker writes through the fence the job runner hands it, not through
+// whatever term the replica holds later: a run of an old term is refused
+// even while a newer term leads, and the newer term's run records itself.
+func TestTrackerOfAnOldTermIsRefusedWhileANewerTermLeads(t *testing.T) {
+	reg := ocitest.Start(t)
+	pg := pgtest.New(t)
+	ctx := context.Background()
+	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := reg.Push(ctx, "a/b", "1.0.0", []ocitest.File{{Name: "x_linux_amd64", Data: []byte("x")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := releases.PutSource(ctx, st.Pool, releases.Source{Name: "b", Type: "oci", Source: reg.Repo("a/b"), PollInterval: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	old, stopOld, err := fleettest.Elect(st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOld()
+	cur, stopCur, err := fleettest.Elect(st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopCur()
+	if cur.Term() <= old.Term() {
+		t.Fatalf("terms %d then %d", old.Term(), cur.Term())
+	}
+	tr := releases.NewTracker(st.Pool, map[string]releases.Lister{"oci": releases.OCILister{}}, pgleader.DefaultLockKey, nil, nil)
+	if err := tr.Run(ctx, old.InTerm); !errors.Is(err, pgleader.ErrStaleTerm) {
+		t.Fatalf("want a stale-term error, got %v", err)
+	}
+	if rels, _ := releases.ListReleases(ctx, st.Pool, ""); len(rels) != 0 {
+		t.Fatalf("recorded by an old term: %+v", rels)
+	}
+	if err := tr.Run(ctx, cur.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	var term int64
+	if err := st.Pool.QueryRow(ctx, `SELECT term FROM package_releases`).Scan(&term); err != nil || term != cur.Term() {
+		t.Fatalf("recorded term %d (%v), want %d", term, err, cur.Term())
 	}
 }

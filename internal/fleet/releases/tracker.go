@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
 )
 
 // PollTimeout bounds the listing of one source.
@@ -27,8 +28,10 @@ type Tracker struct {
 	pool    *pgxpool.Pool
 	listers map[string]Lister
 	log     *slog.Logger
-	// TermOf returns the current term for the records (0 when unknown).
-	termOf func() int64
+	// lockKey is ha.leaderLockKey: the term row that the job reads inside
+	// its own fenced transaction, so the term it records is the one that
+	// fence checked (never a later leadership of the replica).
+	lockKey int64
 
 	mPolls    *prometheus.CounterVec
 	mFailed   *prometheus.GaugeVec
@@ -38,11 +41,11 @@ type Tracker struct {
 
 // NewTracker returns the tracker. listers maps a source type to its lister;
 // reg may be nil.
-func NewTracker(pool *pgxpool.Pool, listers map[string]Lister, termOf func() int64, log *slog.Logger, reg prometheus.Registerer) *Tracker {
+func NewTracker(pool *pgxpool.Pool, listers map[string]Lister, lockKey int64, log *slog.Logger, reg prometheus.Registerer) *Tracker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{pool: pool, listers: listers, termOf: termOf, log: log.With("component", "release_tracker"),
+	t := &Tracker{pool: pool, listers: listers, lockKey: lockKey, log: log.With("component", "release_tracker"),
 		mPolls:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_release_polls_total", Help: "Polls of a package source by the release tracker."}, []string{"package"}),
 		mFailed:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_release_poll_failed", Help: "1 when the last poll of a package source failed."}, []string{"package"}),
 		mReleases: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_releases_recorded_total", Help: "Releases recorded by the release tracker."}, []string{"package"}),
@@ -104,11 +107,7 @@ func (t *Tracker) poll(ctx context.Context, fence jobs.Fence, s Source) error {
 		t.log.Warn("polling a package source failed", "package", s.Name, "source", s.Source, "error", lerr)
 	}
 	// Releases listed before an error are still recorded.
-	var term int64
-	if t.termOf != nil {
-		term = t.termOf()
-	}
-	err = fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err = rollout.InTerm(ctx, fence, t.lockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		for _, r := range rels {
 			if err := insertRelease(ctx, tx, r, term); err != nil {
 				return err

@@ -1,0 +1,208 @@
+package blobstore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3PartSize is the part size of the multipart uploads: the memory of one
+// upload (minio-go buffers one part) and, at S3's 10,000 parts, the largest
+// blob of unknown size (160 GiB).
+const S3PartSize = 16 << 20
+
+// S3Config is an S3-compatible store. SecretKey is never logged or shown.
+type S3Config struct {
+	// Endpoint is host:port, without a scheme.
+	Endpoint  string
+	Bucket    string
+	Prefix    string
+	Region    string
+	AccessKey string
+	SecretKey string
+	// TLS selects https; CAFile (PEM) adds CAs that verify the endpoint.
+	TLS    bool
+	CAFile string
+}
+
+// S3 is the S3-compatible store, spoken to through minio-go.
+type S3 struct {
+	c      *minio.Client
+	bucket string
+	prefix string
+}
+
+// NewS3 returns the store; it does not contact the endpoint.
+func NewS3(cfg S3Config) (*S3, error) {
+	if cfg.Endpoint == "" || cfg.Bucket == "" {
+		return nil, errors.New("s3: endpoint and bucket are required")
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("s3 CA file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil || pool == nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("s3 CA file %s: no PEM certificate in it", cfg.CAFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	c, err := minio.New(cfg.Endpoint, &minio.Options{
+		Creds:     credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""),
+		Secure:    cfg.TLS,
+		Region:    cfg.Region,
+		Transport: tr,
+		// A few quick retries of one request; the job retries the download
+		// at its next run.
+		MaxRetries: 3,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3 endpoint %q: %w", cfg.Endpoint, err)
+	}
+	p := strings.TrimPrefix(cfg.Prefix, "/")
+	if p != "" && !strings.HasSuffix(p, "/") {
+		p += "/"
+	}
+	return &S3{c: c, bucket: cfg.Bucket, prefix: p}, nil
+}
+
+// Kind is KindS3.
+func (*S3) Kind() string { return KindS3 }
+
+// String names the bucket and prefix (no credentials).
+func (s *S3) String() string { return "s3://" + s.bucket + "/" + s.prefix }
+
+// Key is the object key of an upload of digest; nonce makes every upload's
+// key its own, so an upload of a leader that lost its term never
+// overwrites the object of a blob that is already servable.
+func (s *S3) Key(digest, nonce string) string {
+	return s.prefix + "blobs/" + strings.ReplaceAll(digest, ":", "/") + "." + nonce
+}
+
+// Put uploads r (size bytes, -1 unknown) under key, streamed in parts of
+// S3PartSize.
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	// Unsigned payload with a Content-MD5 per request: the store checks
+	// every part it receives. (Over plain http, minio-go would otherwise
+	// sign the payload in aws-chunked framing, which not every
+	// S3-compatible server decodes in multipart uploads; gofakes3 stores
+	// the framing as data.)
+	_, err := s.c.PutObject(ctx, s.bucket, key, r, size, minio.PutObjectOptions{
+		ContentType: "application/octet-stream", PartSize: S3PartSize, NumThreads: 1,
+		DisableContentSha256: true, SendContentMd5: true})
+	return err
+}
+
+// Open reads the object with ranged GETs: Seek only moves the offset, the
+// next Read asks for the bytes from there to the end.
+func (s *S3) Open(ctx context.Context, r Ref) (io.ReadSeekCloser, error) {
+	return &s3Reader{ctx: ctx, s: s, key: r.Key, size: r.Size}, nil
+}
+
+// Remove deletes the object. It does not use tx: the caller deletes the
+// row first, so a failure here leaves garbage (removed by a later
+// retention), never a row without its object.
+func (s *S3) Remove(ctx context.Context, _ pgx.Tx, r Ref) error {
+	if r.Key == "" {
+		return nil
+	}
+	return s.c.RemoveObject(ctx, s.bucket, r.Key, minio.RemoveObjectOptions{})
+}
+
+// Objects returns the keys of every blob object under the prefix,
+// including those of incomplete multipart uploads.
+func (s *S3) Objects(ctx context.Context) (keys, incomplete []string, err error) {
+	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix + "blobs/", Recursive: true}) {
+		if o.Err != nil {
+			return nil, nil, o.Err
+		}
+		keys = append(keys, o.Key)
+	}
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix+"blobs/", true) {
+		if u.Err != nil {
+			// Listing multipart uploads is optional for S3-compatible
+			// servers; the objects are what retention must see.
+			break
+		}
+		incomplete = append(incomplete, u.Key)
+	}
+	return keys, incomplete, nil
+}
+
+// Delete removes the object key.
+func (s *S3) Delete(ctx context.Context, key string) error {
+	return s.c.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{})
+}
+
+// AbortUpload removes the parts of an incomplete multipart upload of key.
+func (s *S3) AbortUpload(ctx context.Context, key string) error {
+	return s.c.RemoveIncompleteUpload(ctx, s.bucket, key)
+}
+
+type s3Reader struct {
+	ctx  context.Context
+	s    *S3
+	key  string
+	size int64
+	off  int64
+	body io.ReadCloser
+}
+
+func (r *s3Reader) Read(p []byte) (int, error) {
+	if r.off >= r.size {
+		return 0, io.EOF
+	}
+	if r.body == nil {
+		var opts minio.GetObjectOptions
+		if err := opts.SetRange(r.off, r.size-1); err != nil {
+			return 0, err
+		}
+		// GetObject with a range returns the body of a 206 directly.
+		obj, _, _, err := minio.Core{Client: r.s.c}.GetObject(r.ctx, r.s.bucket, r.key, opts)
+		if err != nil {
+			return 0, fmt.Errorf("s3 GET %s bytes %d-: %w", r.key, r.off, err)
+		}
+		r.body = obj
+	}
+	n, err := r.body.Read(p)
+	r.off += int64(n)
+	if err == io.EOF && r.off < r.size {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (r *s3Reader) Seek(offset int64, whence int) (int64, error) {
+	off, err := seek(r.off, r.size, offset, whence)
+	if err != nil {
+		return r.off, err
+	}
+	if off != r.off && r.body != nil {
+		r.body.Close()
+		r.body = nil
+	}
+	r.off = off
+	return off, nil
+}
+
+func (r *s3Reader) Close() error {
+	if r.body != nil {
+		return r.body.Close()
+	}
+	return nil
+}

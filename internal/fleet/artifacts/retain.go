@@ -1,0 +1,181 @@
+package artifacts
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
+	"github.com/myriarch/myriarch/internal/fleet/jobs"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
+)
+
+// retain removes the blobs that no longer belong to the newest Keep
+// versions of a package and that no agent reports as its package hash,
+// the partial large objects of downloads that are no longer wanted, and
+// the S3 objects that no blob row names.
+func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
+	rels, err := releases.ListReleases(ctx, p.o.Pool, "")
+	if err != nil {
+		return err
+	}
+	inUse, err := InUse(ctx, p.o.Pool)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	n := map[string]int{}
+	for _, r := range rels {
+		newest := n[r.Package] < p.o.Keep
+		n[r.Package]++
+		if !newest && !inUse[r.Package+"@"+r.Version] {
+			continue
+		}
+		for _, a := range r.Assets {
+			keep[a.Digest] = true
+		}
+	}
+	ks := []string{}
+	for d := range keep {
+		ks = append(ks, d)
+	}
+	var removed, partial int64
+	var objects []blobstore.Ref
+	err = p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, term int64) error {
+		removed, partial, objects = 0, 0, nil
+		// Without an S3 store the rows of S3 blobs stay: deleting them would
+		// leave their objects behind for good.
+		rows, err := tx.Query(ctx, `DELETE FROM artifact_blobs WHERE NOT (digest = ANY($1)) AND (store <> 's3' OR $2)
+			RETURNING store, lo_oid, object_key, size`, ks, p.o.S3 != nil)
+		if err != nil {
+			return err
+		}
+		refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (blobstore.Ref, error) {
+			var b blobstore.Ref
+			var oid *uint32
+			var key *string
+			err := r.Scan(&b.Kind, &oid, &key, &b.Size)
+			if oid != nil {
+				b.OID = *oid
+			}
+			if key != nil {
+				b.Key = *key
+			}
+			return b, err
+		})
+		if err != nil {
+			return err
+		}
+		pg := blobstore.PG{Pool: p.o.Pool}
+		for _, b := range refs {
+			removed++
+			if b.Kind == blobstore.KindPG {
+				if err := pg.Remove(ctx, tx, b); err != nil {
+					return err
+				}
+				continue
+			}
+			// Deleted once the row is gone for good (after the commit).
+			objects = append(objects, b)
+		}
+		// Partial large objects of downloads that are no longer wanted
+		// (the release was dropped, or its version left the newest Keep).
+		// This job's own downloads of the run are over; a row still
+		// "downloading" is of an attempt that died or lost its term, and
+		// taking the row for this term stops such a writer's next commit.
+		rows, err = tx.Query(ctx, `WITH old AS (SELECT digest, lo_oid FROM artifact_downloads
+				WHERE lo_oid IS NOT NULL AND NOT (digest = ANY($1)) FOR UPDATE)
+			UPDATE artifact_downloads d SET lo_oid = NULL, written = 0, hash_state = NULL, term = $2,
+				state = CASE WHEN d.state = 'downloading' THEN 'failed' ELSE d.state END,
+				error = CASE WHEN d.state = 'downloading' THEN 'abandoned: the release is no longer wanted' ELSE d.error END, updated_at = now()
+			FROM old WHERE d.digest = old.digest RETURNING old.lo_oid`, ks, term)
+		if err != nil {
+			return err
+		}
+		oids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+		if err != nil {
+			return err
+		}
+		for _, o := range oids {
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_largeobject_metadata WHERE oid = $1)`, o).Scan(&exists); err != nil {
+				return err
+			}
+			if exists {
+				los := tx.LargeObjects()
+				if err := los.Unlink(ctx, o); err != nil {
+					return err
+				}
+				partial++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if p.o.S3 != nil {
+		for _, b := range objects {
+			if err := p.o.S3.Remove(ctx, nil, b); err != nil {
+				errs = append(errs, fmt.Errorf("retention: deleting %s from %s: %w", b.Key, p.o.S3, err))
+			}
+		}
+		if err := p.sweepS3(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if removed > 0 || partial > 0 {
+		p.mUnlinked.Add(float64(removed))
+		p.log.Info("artifact retention removed blobs", "count", removed, "partial_downloads", partial)
+	}
+	return errors.Join(errs...)
+}
+
+// sweepS3 deletes the objects (and unfinished multipart uploads) under the
+// prefix that no blob row names: uploads of a leader that died or lost its
+// term, corrupt uploads whose deletion failed, objects whose row retention
+// removed. Only the leader's job runs it, after its own downloads of the
+// run, so no upload of this job is in progress.
+func (p *Prefetcher) sweepS3(ctx context.Context) error {
+	keys, incomplete, err := p.o.S3.Objects(ctx)
+	if err != nil {
+		return fmt.Errorf("retention: listing %s: %w", p.o.S3, err)
+	}
+	rows, err := p.o.Pool.Query(ctx, `SELECT object_key FROM artifact_blobs WHERE object_key IS NOT NULL`)
+	if err != nil {
+		return err
+	}
+	named, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, k := range named {
+		live[k] = true
+	}
+	var errs []error
+	var n int
+	for _, k := range keys {
+		if live[k] {
+			continue
+		}
+		if err := p.o.S3.Delete(ctx, k); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	for _, k := range incomplete {
+		if err := p.o.S3.AbortUpload(ctx, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n > 0 {
+		p.mUnlinked.Add(float64(n))
+		p.log.Info("artifact retention removed S3 objects without a blob row", "count", n, "store", p.o.S3.String())
+	}
+	return errors.Join(errs...)
+}
