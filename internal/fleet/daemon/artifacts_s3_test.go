@@ -63,8 +63,13 @@ func TestArtifactsInS3AreStoredAndServed(t *testing.T) {
 	if keys, _ := srv.Keys(ctx, "fleet-artifacts", "prod/blobs/"); blobs[0].Store != "s3" || len(keys) != 1 {
 		t.Fatalf("blob %+v, objects %q", blobs[0], keys)
 	}
+	// A download token as a package offer carries it.
+	tok, err := artifacts.NewTokens(d.Store.Pool).Issue(ctx, "s3-agent", digest)
+	if err != nil {
+		t.Fatal(err)
+	}
 	req, _ := http.NewRequest(http.MethodGet, "http://"+d.HTTPAddr().String()+artifacts.PathPrefix+digest, nil)
-	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Authorization", "Bearer "+tok)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
