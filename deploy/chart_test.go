@@ -346,3 +346,47 @@ func TestSystemdStopTimeoutFollowsTheFormula(t *testing.T) {
 		t.Fatalf("TimeoutStopSec=%d, want %v", got, want)
 	}
 }
+
+// Artifacts in S3: the secret key comes from the chart's Secret into
+// MYRIARCH_ARTIFACTS_S3SECRETKEY (optional, so a Secret without it still
+// starts), and the rendered config with the Secret's environment is one
+// that myriarchd accepts.
+func TestChartS3SecretKeyReachesMyriarchd(t *testing.T) {
+	plain := renderChart(t, "")
+	if _, ok := dig(t, plain["secret.yaml"], "stringData").(map[string]any)["s3-secret-key"]; ok {
+		t.Fatal("the Secret carries s3-secret-key although secret.s3SecretKey is empty")
+	}
+	objs := renderChart(t, "secret: {s3SecretKey: s3-key-0123456789}\nconfig: {artifacts: {store: s3, s3Endpoint: 's3.example:9000', s3Bucket: fleet, s3AccessKey: myriarchd}}")
+	stringData := dig(t, objs["secret.yaml"], "stringData").(map[string]any)
+	if stringData["s3-secret-key"] != "s3-key-0123456789" {
+		t.Fatalf("secret: %v", stringData)
+	}
+	var ref map[string]any
+	env := dig(t, objs["deployment.yaml"], "spec", "template", "spec", "containers", 0, "env").([]any)
+	for _, e := range env {
+		if e.(map[string]any)["name"] == config.EnvName("artifacts.s3SecretKey") {
+			ref = dig(t, e, "valueFrom", "secretKeyRef").(map[string]any)
+		}
+	}
+	if ref == nil || ref["key"] != "s3-secret-key" || ref["optional"] != true {
+		t.Fatalf("%s: secretKeyRef %v", config.EnvName("artifacts.s3SecretKey"), ref)
+	}
+	text, _ := dig(t, objs["configmap.yaml"], "data", "config.yaml").(string)
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{config.EnvName("artifacts.s3SecretKey") + "=" + stringData["s3-secret-key"].(string)}
+	c, err := config.Load(config.Source{File: file, Environ: environ, Optional: []string{"database.url", "server.enrollmentSecret"}})
+	if err != nil {
+		t.Fatalf("myriarchd refuses the chart's S3 config:\n%s\n%v", text, err)
+	}
+	if c.Artifacts.Store != "s3" || c.Artifacts.S3SecretKey != "s3-key-0123456789" {
+		t.Fatalf("artifacts: store %q, secret key set %v", c.Artifacts.Store, c.Artifacts.S3SecretKey != "")
+	}
+	// Without the key anywhere, myriarchd names what is missing.
+	if _, err := config.Load(config.Source{File: file, Environ: []string{}, Optional: []string{"database.url", "server.enrollmentSecret"}}); err == nil ||
+		!strings.Contains(err.Error(), "artifacts.s3SecretKey") {
+		t.Fatalf("no secret key: %v", err)
+	}
+}
