@@ -95,21 +95,34 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
 		}
 	}
-	if c.Port == 0 {
-		if len(opts.Wrap) > 0 {
-			c.cleanup()
-			return nil, errors.New("pgtest: Options.Port is required with Options.Wrap")
-		}
-		if c.Port, err = FreePort(opts.ListenAddress); err != nil {
+	if c.Port != 0 {
+		if err := c.StartServer(ctx); err != nil {
 			c.cleanup()
 			return nil, err
 		}
+		return c, nil
 	}
-	if err := c.StartServer(ctx); err != nil {
+	if len(opts.Wrap) > 0 {
 		c.cleanup()
-		return nil, err
+		return nil, errors.New("pgtest: Options.Port is required with Options.Wrap")
 	}
-	return c, nil
+	// A port that was free when picked can be taken before the server
+	// binds it (parallel test packages pick ports too): pick another.
+	for attempt := 1; ; attempt++ {
+		if c.Port, err = pickPort(opts.ListenAddress); err != nil {
+			c.cleanup()
+			return nil, err
+		}
+		err = c.StartServer(ctx)
+		if err == nil {
+			return c, nil
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+			c.cleanup()
+			return nil, err
+		}
+		opts.Log("pgtest: port %d was taken before the server bound it; trying another", c.Port)
+	}
 }
 
 // TB is the part of testing.TB that New uses. The package does not import
@@ -260,6 +273,9 @@ func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }
 func (c *Cluster) run(ctx context.Context, wrap []string, name string, args ...string) ([]byte, error) {
 	return devdb.Command(ctx, c.dir, wrap, name, args...).CombinedOutput()
 }
+
+// pickPort is FreePort; a test replaces it to hand out a taken port.
+var pickPort = FreePort
 
 // FreePort returns a TCP port that is free on host right now.
 func FreePort(host string) (int, error) {
