@@ -116,14 +116,14 @@ var formats = map[string]format{
 		}
 		return ""
 	}},
-	"mqtt-url": {"`tcp://`, `mqtt://`, `ssl://`, `tls://` or `mqtts://` URL with a port", brokerURLRule},
-	"http-url": {"`http://` or `https://` URL", func(s string) string {
+	"mqtt-url": {"a `tcp://`, `mqtt://`, `ssl://`, `tls://` or `mqtts://` URL with a port", brokerURLRule},
+	"http-url": {"an `http://` or `https://` URL", func(s string) string {
 		if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return "must be an http:// or https:// URL"
 		}
 		return ""
 	}},
-	"nats-url": {"`nats://` or `tls://` URL", func(s string) string {
+	"nats-url": {"a `nats://` or `tls://` URL", func(s string) string {
 		if u, err := url.Parse(s); err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
 			return "must be a nats:// or tls:// URL"
 		}
@@ -294,11 +294,6 @@ func (vs values) dur(key string) time.Duration { d, _ := vs.get(key).(time.Durat
 func (vs values) int(key string) int           { n, _ := vs.get(key).(int); return n }
 func (vs values) num(key string) float64       { f, _ := vs.get(key).(float64); return f }
 func (vs values) bool(key string) bool         { b, _ := vs.get(key).(bool); return b }
-func (vs values) strs(key string) []string     { s, _ := vs.get(key).([]string); return s }
-func (vs values) smap(key string) map[string]string {
-	m, _ := vs.get(key).(map[string]string)
-	return m
-}
 
 // isSet reports whether key was written in the file.
 func (vs values) isSet(key string) bool { vs.t.row(key); return vs.set[key] }

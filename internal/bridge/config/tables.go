@@ -41,7 +41,7 @@ var bridgeTable = Table{Name: "bridge", Rows: []Row{
 
 var leaseStoreTable = Table{Name: "stores.lease", Rows: []Row{
 	{Key: "type", Kind: String, Default: leaseStoreSQLite, Rule: Rule{OneOf: []string{leaseStoreSQLite, leaseStorePostgres, leaseStoreEtcd}},
-		Meaning: "the store; `deployment_mode: clustered` refuses `sqlite`: it is local to one host, so it cannot arbitrate between nodes"},
+		Meaning: "`sqlite` is local to one host; `postgres` and `etcd` are shared by a cluster"},
 	{Key: "path", Kind: String, DefaultDoc: "`" + DefaultLeaseStorePath + "` next to the config",
 		Meaning: "sqlite only: the database file, shared by the bridge processes of one host"},
 	{Key: "dsn", Kind: String, Meaning: "postgres only: the PostgreSQL connection string (required, or `dsn_file`)"},
@@ -191,7 +191,7 @@ var routeTable = Table{Name: "routes[]", Rows: []Row{
 	{Key: "step_down_grace", Kind: Duration, DefaultDoc: "baseline of `deployment_mode`", Meaning: "exclusive sessions only: below `lease_ttl`"},
 	{Key: "connect_after_lease", Kind: Bool, Default: "true", Meaning: "exclusive sessions only: the session connects only while it holds the lease; `false` is refused"},
 	{Key: "failover_slo", Kind: Duration, DefaultDoc: "none", Rule: Rule{Positive: true}, Meaning: "exclusive sessions only: the objective both failover budgets must fit"},
-	{Key: "broker_health_step_down", Kind: String, DefaultDoc: "omitted",
+	{Key: "broker_health_step_down", Kind: String, DefaultDoc: "omitted", Rule: Rule{Says: `must be "off" or a positive duration`},
 		Meaning: "exclusive sessions only: `off`, or how long an owner's broker path may stay lost before it releases the lease; must be answered when `failover_slo` is declared"},
 	{Key: "startup_allowance", Kind: Duration, Default: "0s", Meaning: "exclusive sessions only: added to both budgets, within [0s, 10m]"},
 	{Key: "peak_message_rate", Kind: Number, DefaultDoc: "not declared", Rule: Rule{Min: "0", Says: "must be a positive number of messages per second, or omitted"},
