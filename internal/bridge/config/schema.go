@@ -279,7 +279,8 @@ func orList(xs []string) string {
 // row, with its default applied where it was omitted or refused.
 type values struct {
 	t   *Table
-	val map[string]any
+	val map[string]any  // resolved: the default where omitted or refused
+	raw map[string]any  // as written
 	set map[string]bool // written in the file
 	bad map[string]bool // written and refused
 }
@@ -302,12 +303,12 @@ func (vs values) isSet(key string) bool { vs.t.row(key); return vs.set[key] }
 func (vs values) ok(key string) bool { vs.t.row(key); return !vs.bad[key] }
 
 // raw returns the value of key in the decoded object as written.
-func (vs values) raw(key string) any { return vs.val["\x00"+key] }
+func (vs values) written(key string) any { vs.t.row(key); return vs.raw[key] }
 
 // resolve checks every value row of t against obj, the decoded raw object
 // at path prefix (a pointer or struct of raw.go), and returns the values.
 func (v *validator) resolve(prefix string, t *Table, obj any) values {
-	vs := values{t: t, val: map[string]any{}, set: map[string]bool{}, bad: map[string]bool{}}
+	vs := values{t: t, val: map[string]any{}, raw: map[string]any{}, set: map[string]bool{}, bad: map[string]bool{}}
 	rv := reflect.ValueOf(obj)
 	for i := range t.Rows {
 		r := &t.Rows[i]
@@ -315,7 +316,7 @@ func (v *validator) resolve(prefix string, t *Table, obj any) values {
 		f, present := lookup(rv, r.Key)
 		written, raw := rawValue(f, present)
 		vs.set[r.Key] = written
-		vs.val["\x00"+r.Key] = raw
+		vs.raw[r.Key] = raw
 		def := r.defaultValue()
 		if !written {
 			vs.val[r.Key] = def

@@ -421,7 +421,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 		if sess != nil && sess.Mode != Exclusive {
 			for _, k := range leaseKeys {
 				if vs.isSet(k) {
-					v.add(p+"."+k, asWritten(vs.raw(k)), "applies only to routes on an exclusive session; session %q is %s", sess.ID, sess.Mode)
+					v.add(p+"."+k, asWritten(vs.written(k)), "applies only to routes on an exclusive session; session %q is %s", sess.ID, sess.Mode)
 				}
 			}
 		}
