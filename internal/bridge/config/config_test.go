@@ -207,6 +207,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte("bridge: {id: x}\nsessions: [{id: s, brokers: ['tcp://h:1']}]"))
 	f.Add([]byte("routes: [{lease_ttl: 1h, broker_health_step_down: off}]"))
+	f.Add([]byte("senders: [{id: o, type: http, qos: 1, http: {url: 'http://h', timeout: 1s, qos: 2}, file: {}}]"))
+	f.Add([]byte("bridge: {http: {listen: off}}\nstores: {lease: {type: etcd}}\nopamp: {heartbeat_interval: 1ms}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("fuzz.yaml", data)
 		if err == nil {
