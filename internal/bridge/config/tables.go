@@ -2,10 +2,10 @@ package config
 
 import (
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/godur"
 )
 
 // The tables of the configuration file, one per kind of YAML object. The
@@ -29,7 +29,7 @@ var bridgeTable = Table{Name: "bridge", Rows: []Row{
 		Meaning: "this process; the lease owner is `instance_id#<boot nonce>`"},
 	{Key: "deployment_mode", Kind: String, Default: "standalone", Rule: Rule{OneOf: []string{"standalone", "clustered"}},
 		Meaning: "picks the lease baseline (see `docs/failover-budget.md`)"},
-	{Key: "shutdown_timeout", Kind: Duration, Default: fmtDur(DefaultShutdownTimeout), Rule: Rule{Positive: true},
+	{Key: "shutdown_timeout", Kind: Duration, Default: godur.Format(DefaultShutdownTimeout), Rule: Rule{Positive: true},
 		Meaning: "graceful stop: intake stops, in-flight messages drain, leases are released (each only after its session's messages settled, see \"Planned stop\" under `run`); then everything is cut"},
 	{Key: "http.listen", Kind: String, Default: DefaultHTTPListen, Rule: Rule{Format: "listen"},
 		Meaning: "address of `/live`, `/ready`, `/status`, `/metrics`; `off` disables"},
@@ -73,21 +73,21 @@ var sessionTable = Table{Name: "sessions[]", Rows: []Row{
 	{Key: "client_id_suffix", Kind: String, Rule: Rule{OneOf: []string{"instance"}, Says: `must be "instance" or omitted`},
 		Meaning: "`instance` appends `-<instance_id>`; refused for exclusive sessions, required for non-exclusive sessions in clustered mode"},
 	{Key: "clean_start", Kind: Bool, DefaultDoc: "`true` for ephemeral, else `false`", Meaning: "`true` is refused for persistent and exclusive sessions"},
-	{Key: "session_expiry_interval", Kind: Duration, DefaultDoc: "`" + fmtDur(DefaultSessionExpiry) + "` (`0s` for ephemeral)",
+	{Key: "session_expiry_interval", Kind: Duration, DefaultDoc: "`" + godur.Format(DefaultSessionExpiry) + "` (`0s` for ephemeral)",
 		Rule:    Rule{Max: strconv.FormatInt(int64(maxSessionExpiry/time.Second), 10) + "s", Whole: true},
 		Meaning: "positive unless ephemeral; for an exclusive session at least the worst-case failover budget, or the broker discards the queue before the successor arrives; refused with `protocol_version: 3.1.1`"},
-	{Key: "keep_alive", Kind: Duration, Default: fmtDur(DefaultKeepAlive),
+	{Key: "keep_alive", Kind: Duration, Default: godur.Format(DefaultKeepAlive),
 		Rule:    Rule{Min: minKeepAlive.String(), Max: maxKeepAlive.String(), Whole: true, ZeroOK: true, Says: "must be whole seconds between 1s and 65535s, or 0s to disable"},
 		Meaning: "MQTT keep-alive; also how fast a dead broker path is noticed"},
 	{Key: "username", Kind: String, Meaning: "MQTT user name"},
 	{Key: "password_file", Kind: String, Meaning: "file holding the MQTT password (not with `password_env`)"},
 	{Key: "password_env", Kind: String, Meaning: "environment variable holding the MQTT password (not with `password_file`)"},
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS, see `tls:`"},
-	{Key: "connect_timeout", Kind: Duration, Default: fmtDur(activation.DefaultMQTTConnectTimeout), Rule: Rule{Positive: true},
+	{Key: "connect_timeout", Kind: Duration, Default: godur.Format(activation.DefaultMQTTConnectTimeout), Rule: Rule{Positive: true},
 		Meaning: "bounds each connect attempt (dial, TLS, CONNECT/CONNACK)"},
-	{Key: "reconcile_timeout", Kind: Duration, Default: fmtDur(activation.DefaultMQTTReconcileTimeout), Rule: Rule{Positive: true},
+	{Key: "reconcile_timeout", Kind: Duration, Default: godur.Format(activation.DefaultMQTTReconcileTimeout), Rule: Rule{Positive: true},
 		Meaning: "bounds each SUBSCRIBE/UNSUBSCRIBE wait"},
-	{Key: "unmatched_grace", Kind: Duration, Default: fmtDur(activation.DefaultMQTTUnmatchedGrace), Rule: Rule{Positive: true},
+	{Key: "unmatched_grace", Kind: Duration, Default: godur.Format(activation.DefaultMQTTUnmatchedGrace), Rule: Rule{Positive: true},
 		Meaning: "after activation, how long messages of filters no longer configured count as residue (acknowledged and dropped quietly); later ones are logged"},
 	{Key: "receive_maximum", Kind: Int, Default: strconv.Itoa(DefaultReceiveMaximum), Rule: Rule{Min: "1", Max: strconv.Itoa(maxReceiveMaximum)},
 		Meaning: "MQTT receive maximum: how many unacknowledged messages the broker may send; refused with `protocol_version: 3.1.1`"},
@@ -116,8 +116,8 @@ var senderTable = Table{Name: "senders[]", Rows: []Row{
 	{Key: "type", Kind: String, Rule: Rule{Required: "must be mqtt, http, nats, kafka or file", OneOf: []string{senderMQTT, senderHTTP, senderNATS, senderKafka, senderFile}},
 		Meaning: "the destination; the block of the same name holds its settings"},
 	{Key: "retry.max_attempts", Kind: Int, Default: strconv.Itoa(DefaultRetryAttempts), Rule: Rule{Min: "1"}, Meaning: "deliveries tried before the message is dead-lettered"},
-	{Key: "retry.initial_backoff", Kind: Duration, Default: fmtDur(DefaultInitialBackoff), Rule: Rule{Positive: true}, Meaning: "wait before the first retry; doubled each time"},
-	{Key: "retry.max_backoff", Kind: Duration, Default: fmtDur(DefaultMaxBackoff), Rule: Rule{Positive: true}, Meaning: "the longest wait between retries; not below `initial_backoff`"},
+	{Key: "retry.initial_backoff", Kind: Duration, Default: godur.Format(DefaultInitialBackoff), Rule: Rule{Positive: true}, Meaning: "wait before the first retry; doubled each time"},
+	{Key: "retry.max_backoff", Kind: Duration, Default: godur.Format(DefaultMaxBackoff), Rule: Rule{Positive: true}, Meaning: "the longest wait between retries; not below `initial_backoff`"},
 	{Key: senderMQTT, Kind: Object, Table: &mqttSenderTable, Meaning: "type mqtt only, see `mqtt:`"},
 	{Key: senderHTTP, Kind: Object, Table: &httpSenderTable, Meaning: "type http only, see `http:`"},
 	{Key: senderNATS, Kind: Object, Table: &natsSenderTable, Meaning: "type nats only, see `nats:`"},
@@ -128,7 +128,7 @@ var senderTable = Table{Name: "senders[]", Rows: []Row{
 // timeoutRow is the timeout of one delivery, common to four sender types.
 func timeoutRow(r Rule) Row {
 	r.Positive = true
-	return Row{Key: "timeout", Kind: Duration, Default: fmtDur(DefaultSenderTimeout), Rule: r,
+	return Row{Key: "timeout", Kind: Duration, Default: godur.Format(DefaultSenderTimeout), Rule: r,
 		Meaning: "bounds one delivery: a POST, a flush round trip, a PUBACK wait, a Kafka record including the client's own retries"}
 }
 
@@ -140,8 +140,8 @@ var mqttSenderTable = Table{Name: "mqtt", SenderType: senderMQTT, Rows: []Row{
 	{Key: "password_env", Kind: String, Meaning: "environment variable holding the MQTT password (not with `password_file`)"},
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS, see `tls:`"},
 	{Key: "qos", Kind: Int, Default: "1", Rule: Rule{OneOf: []string{"0", "1", "2"}}, Meaning: "accepted when the PUBACK arrives (QoS 1) or the PUBCOMP (QoS 2); QoS 0 when written"},
-	{Key: "keep_alive", Kind: Duration, Default: fmtDur(DefaultKeepAlive), Meaning: "MQTT keep-alive"},
-	{Key: "connect_timeout", Kind: Duration, Default: fmtDur(activation.DefaultMQTTConnectTimeout), Rule: Rule{Positive: true}, Meaning: "bounds each connect attempt"},
+	{Key: "keep_alive", Kind: Duration, Default: godur.Format(DefaultKeepAlive), Meaning: "MQTT keep-alive"},
+	{Key: "connect_timeout", Kind: Duration, Default: godur.Format(activation.DefaultMQTTConnectTimeout), Rule: Rule{Positive: true}, Meaning: "bounds each connect attempt"},
 	timeoutRow(Rule{}),
 	{Key: "protocol_version", Kind: String, Default: MQTT5, Rule: protocolVersionRule, Meaning: "the MQTT version spoken to the broker; 3.1.1 carries no fencing stamp and no hop stamp"},
 }}
@@ -211,15 +211,3 @@ var opampTable = Table{Name: "opamp", Rows: []Row{
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "for `wss://` and `https://`, see `tls:`"},
 	{Key: "heartbeat_interval", Kind: Duration, DefaultDoc: "opamp-go's 30s", Rule: Rule{Positive: true, Min: "1s", Says: "must be at least 1s"}, Meaning: "how often the agent reports when nothing changed"},
 }}
-
-// fmtDur prints a duration without zero trailing units (10m, not 10m0s).
-func fmtDur(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}

@@ -49,6 +49,21 @@ func (v *validator) add(path string, value any, rule string, args ...any) {
 	v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: val, Rule: fmt.Sprintf(rule, args...)})
 }
 
+// objects resolves each object of a list against its table, refuses an id
+// that an earlier object of the list took, and returns what build makes of
+// each.
+func objects[R, S any](v *validator, list string, raw []R, t *Table, build func(p string, r *R, vs values) S) []S {
+	seen := map[string]string{}
+	var out []S
+	for i := range raw {
+		p := fmt.Sprintf("%s[%d]", list, i)
+		vs := v.resolve(p, t, &raw[i])
+		v.unique(p, vs, seen)
+		out = append(out, build(p, &raw[i], vs))
+	}
+	return out
+}
+
 // unique records an object's id, refusing one that another object of its
 // kind uses; an id that broke its row's rule is not recorded.
 func (v *validator) unique(prefix string, vs values, seen map[string]string) {
@@ -197,11 +212,7 @@ func (v *validator) store(f *File, cfg *Config) {
 }
 
 func (v *validator) sessions(f *File, cfg *Config) {
-	seen := map[string]string{}
-	for i, r := range f.Sessions {
-		p := fmt.Sprintf("sessions[%d]", i)
-		vs := v.resolve(p, &sessionTable, &r)
-		v.unique(p, vs, seen)
+	cfg.Sessions = objects(v, "sessions", f.Sessions, &sessionTable, func(p string, r *Session, vs values) SessionSettings {
 		s := SessionSettings{ID: r.ID, Mode: vs.str("session_mode"), Brokers: r.Brokers, ClientID: r.ClientID,
 			ProtocolVersion: vs.str("protocol_version")}
 		v311 := s.ProtocolVersion == MQTT311
@@ -269,8 +280,8 @@ func (v *validator) sessions(f *File, cfg *Config) {
 			s.BrokerMaxQueuedMessages = vs.int("broker_max_queued_messages")
 		}
 		s.ConnectAfterLease = true
-		cfg.Sessions = append(cfg.Sessions, s)
-	}
+		return s
+	})
 }
 
 // validFilter checks an MQTT topic filter, including $share/group/filter.
@@ -298,11 +309,7 @@ func validFilter(f string) string {
 }
 
 func (v *validator) receivers(f *File, cfg *Config) {
-	seen := map[string]string{}
-	for i, r := range f.Receivers {
-		p := fmt.Sprintf("receivers[%d]", i)
-		vs := v.resolve(p, &receiverTable, &r)
-		v.unique(p, vs, seen)
+	cfg.Receivers = objects(v, "receivers", f.Receivers, &receiverTable, func(p string, r *Receiver, vs values) ReceiverSettings {
 		rs := ReceiverSettings{ID: r.ID, Session: r.Session}
 		sess := cfg.Session(r.Session)
 		if r.Session != "" && sess == nil {
@@ -316,16 +323,12 @@ func (v *validator) receivers(f *File, cfg *Config) {
 			}
 			rs.Topics = append(rs.Topics, TopicSettings{Filter: t.Filter, QoS: byte(ts.int("qos"))})
 		}
-		cfg.Receivers = append(cfg.Receivers, rs)
-	}
+		return rs
+	})
 }
 
 func (v *validator) senders(f *File, cfg *Config) {
-	seen := map[string]string{}
-	for i, r := range f.Senders {
-		p := fmt.Sprintf("senders[%d]", i)
-		vs := v.resolve(p, &senderTable, &r)
-		v.unique(p, vs, seen)
+	cfg.Senders = objects(v, "senders", f.Senders, &senderTable, func(p string, r *Sender, vs values) SenderSettings {
 		s := SenderSettings{ID: r.ID, Type: r.Type, MaxAttempts: vs.int("retry.max_attempts"),
 			InitialBackoff: vs.dur("retry.initial_backoff"), MaxBackoff: vs.dur("retry.max_backoff")}
 		if s.MaxBackoff < s.InitialBackoff {
@@ -367,8 +370,8 @@ func (v *validator) senders(f *File, cfg *Config) {
 			v.resolve(bp, &fileSenderTable, r.File)
 			s.File = &FileSenderSettings{Path: r.File.Path}
 		}
-		cfg.Senders = append(cfg.Senders, s)
-	}
+		return s
+	})
 }
 
 // leaseKeys are the route keys of an exclusive session's lease policy.
@@ -376,13 +379,9 @@ var leaseKeys = []string{"acquire_poll_interval", "broker_health_step_down", "co
 	"lease_ttl", "max_renew_fails", "peak_message_rate", "renew_call_timeout", "renew_interval", "startup_allowance", "step_down_grace"}
 
 func (v *validator) routes(f *File, cfg *Config) {
-	seen := map[string]string{}
 	connectAfter := map[string]*bool{}
 	connectAfterSrc := map[string]string{}
-	for i, r := range f.Routes {
-		p := fmt.Sprintf("routes[%d]", i)
-		vs := v.resolve(p, &routeTable, &r)
-		v.unique(p, vs, seen)
+	cfg.Routes = objects(v, "routes", f.Routes, &routeTable, func(p string, r *Route, vs values) RouteSettings {
 		rs := RouteSettings{ID: r.ID, Receiver: r.Receiver, Senders: r.Senders, MaxInFlight: vs.int("max_in_flight"),
 			PeakMessageRate: vs.num("peak_message_rate"), LoopPeer: r.LoopPeer, Retain: vs.str("retain"), Mappings: r.Mappings}
 		recv := cfg.Receiver(r.Receiver)
@@ -461,8 +460,8 @@ func (v *validator) routes(f *File, cfg *Config) {
 				v.add(p+".connect_after_lease", "false", "false is not supported: an exclusive session connects only after it holds the lease, so that two instances never consume its broker session at once")
 			}
 		}
-		cfg.Routes = append(cfg.Routes, rs)
-	}
+		return rs
+	})
 
 	v.loopPeers(f, cfg)
 	for i, s := range cfg.Sessions {

@@ -182,7 +182,7 @@ func EnvName(key string) string {
 }
 
 func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(*Config) *time.Duration) Setting {
-	rule := fmt.Sprintf("must be a duration within [%s, %s]", fmtDur(lo), fmtDur(hi))
+	rule := fmt.Sprintf("must be a duration within [%s, %s]", godur.Format(lo), godur.Format(hi))
 	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
 		d, err := godur.Parse(v)
 		if err != nil {
@@ -194,18 +194,6 @@ func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(
 		*dst(c) = d
 		return nil
 	}}
-}
-
-// fmtDur prints a duration without zero trailing units (10m, not 10m0s).
-func fmtDur(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 func intSetting(key, def string, lo, hi int64, meaning string, dst func(*Config) *int64) Setting {
