@@ -22,6 +22,7 @@ import (
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/disclose"
+	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
 // Tables maps each table name to its renderer.
@@ -169,7 +170,7 @@ func bridgeTerms() (string, error) {
 }
 
 func leaderDefault() (failover.LeaderKeepalive, error) {
-	r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, failover.DefaultShutdownTimeout, failover.DefaultPreStopSleep)
+	r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 	if !r.OK() {
 		return failover.LeaderKeepalive{}, fmt.Errorf("%v", r.Errors)
 	}
@@ -223,7 +224,7 @@ func leaderTimeouts() (string, error) {
 	b.WriteString("| T | Follower retry (max) | Margin | D | I | count | tcp_user_timeout | Server drops after | Leader resigns after | Confirm every / timeout |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range LeaderTimeoutSamples {
-		r := disclose.LeaderBudget(t, failover.DefaultShutdownTimeout, failover.DefaultPreStopSleep)
+		r := disclose.LeaderBudget(t, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 		if !r.OK() {
 			return "", fmt.Errorf("leader session timeout %v: %v", t, r.Errors)
 		}
@@ -240,10 +241,10 @@ func terminationGrace() (string, error) {
 	var b strings.Builder
 	b.WriteString("| preStopSleepSeconds | server.shutdownTimeout | terminationGracePeriodSeconds at least |\n|---|---|---|\n")
 	for _, c := range []struct{ pre, sd time.Duration }{
-		{failover.DefaultPreStopSleep, failover.DefaultShutdownTimeout},
-		{failover.DefaultPreStopSleep, 15 * time.Second},
-		{failover.DefaultPreStopSleep, time.Minute},
-		{0, failover.DefaultShutdownTimeout},
+		{fleetconfig.DefaultPreStopSleep, fleetconfig.DefaultShutdownTimeout},
+		{fleetconfig.DefaultPreStopSleep, 15 * time.Second},
+		{fleetconfig.DefaultPreStopSleep, time.Minute},
+		{0, fleetconfig.DefaultShutdownTimeout},
 	} {
 		r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, c.sd, c.pre)
 		if !r.OK() {
