@@ -1,31 +1,11 @@
 package failover
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
 )
-
-// DeploymentMode chooses the lease baseline of a session that pins neither
-// lease_ttl nor renew_interval.
-type DeploymentMode string
-
-// The deployment modes. The empty mode means Standalone.
-const (
-	Standalone DeploymentMode = "standalone"
-	Clustered  DeploymentMode = "clustered"
-)
-
-// ParseDeploymentMode accepts "standalone", "clustered" or "" (standalone).
-func ParseDeploymentMode(s string) (DeploymentMode, error) {
-	switch DeploymentMode(s) {
-	case "", Standalone:
-		return Standalone, nil
-	case Clustered:
-		return Clustered, nil
-	}
-	return "", fieldErr("deployment_mode", fmt.Sprintf("%q", s), "must be standalone or clustered")
-}
 
 // Limits of the lease cadence (DESIGN.md, "The lease cadence").
 const (
@@ -42,33 +22,29 @@ const (
 	maxDerivedPoll        = 5 * time.Second
 )
 
-// Baselines of the two deployment modes.
-var (
-	// ClusteredBaseline applies to deployment_mode clustered when neither
-	// lease_ttl nor renew_interval is pinned.
-	ClusteredBaseline = LeaseConfig{
-		DeploymentMode:   Clustered,
-		LeaseTTL:         45 * time.Second,
-		RenewInterval:    10 * time.Second,
-		LeaseRenewJitter: time.Second,
-		RenewCallTimeout: 3 * time.Second,
-		MaxRenewFails:    3,
-		StepDownGrace:    5 * time.Second,
-	}
-	// StandaloneBaseline applies otherwise; the missing timings are derived.
-	StandaloneBaseline = LeaseConfig{
-		DeploymentMode: Standalone,
-		LeaseTTL:       360 * time.Second,
-		MaxRenewFails:  3,
-		StepDownGrace:  15 * time.Second,
-	}
-)
+// Baseline is the lease timing a daemon ships as its default: a
+// LeaseConfig's positive pinned values override it, and what neither sets
+// is derived (ResolveCadence). The zero Baseline ships nothing, so the TTL
+// must be pinned. Daemons choose their baselines by their own policy (the
+// bridge: by deployment mode, internal/bridge/leasemode).
+type Baseline struct {
+	// Name is reported as Cadence.Baseline.
+	Name             string
+	LeaseTTL         time.Duration
+	RenewInterval    time.Duration
+	LeaseRenewJitter time.Duration
+	RenewCallTimeout time.Duration
+	// MaxRenewFails of 0 means DefaultMaxRenewFails.
+	MaxRenewFails int
+	StepDownGrace time.Duration
+}
 
 // LeaseConfig is the lease block of one exclusive session as the operator
 // wrote it. A zero value means "not pinned": the baseline or a derivation
 // fills it in. Negative values are refused.
 type LeaseConfig struct {
-	DeploymentMode      DeploymentMode
+	// Baseline is what the cadence starts from.
+	Baseline            Baseline
 	LeaseTTL            time.Duration
 	RenewInterval       time.Duration
 	LeaseRenewJitter    time.Duration
@@ -82,7 +58,7 @@ type LeaseConfig struct {
 // with, and where each came from.
 type Cadence struct {
 	// Baseline names the baseline the resolution started from.
-	Baseline            DeploymentMode
+	Baseline            string
 	LeaseTTL            time.Duration
 	RenewInterval       time.Duration
 	LeaseRenewJitter    time.Duration
@@ -134,34 +110,24 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 	if cfg.MaxRenewFails < 0 {
 		errs = append(errs, fieldErr("max_renew_fails", cfg.MaxRenewFails, "must not be negative"))
 	}
-	mode := cfg.DeploymentMode
-	if mode == "" {
-		mode = Standalone
-	}
-	if mode != Standalone && mode != Clustered {
-		errs = append(errs, fieldErr("deployment_mode", fmt.Sprintf("%q", mode), "must be standalone or clustered"))
-	}
 	if len(errs) > 0 {
 		return Cadence{}, nil, errors.Join(errs...)
 	}
 
 	// 1. Baseline, then positive pinned values on top.
-	base := StandaloneBaseline
-	if mode == Clustered && cfg.LeaseTTL == 0 && cfg.RenewInterval == 0 {
-		base = ClusteredBaseline
-	}
+	base := cfg.Baseline
 	c := Cadence{
-		Baseline:            base.DeploymentMode,
+		Baseline:            base.Name,
 		LeaseTTL:            pick(cfg.LeaseTTL, base.LeaseTTL),
 		RenewInterval:       pick(cfg.RenewInterval, base.RenewInterval),
 		LeaseRenewJitter:    pick(cfg.LeaseRenewJitter, base.LeaseRenewJitter),
 		RenewCallTimeout:    pick(cfg.RenewCallTimeout, base.RenewCallTimeout),
-		AcquirePollInterval: pick(cfg.AcquirePollInterval, base.AcquirePollInterval),
+		AcquirePollInterval: cfg.AcquirePollInterval,
 		MaxRenewFails:       cfg.MaxRenewFails,
 		StepDownGrace:       pick(cfg.StepDownGrace, base.StepDownGrace),
 	}
 	if c.MaxRenewFails == 0 {
-		c.MaxRenewFails = base.MaxRenewFails
+		c.MaxRenewFails = cmp.Or(base.MaxRenewFails, DefaultMaxRenewFails)
 	}
 	if c.LeaseTTL < MinExclusiveLeaseTTL {
 		// The derivations below divide the TTL; stop before they run on

@@ -14,14 +14,14 @@ func TestPreflight(t *testing.T) {
 		return SessionPolicy{Lease: l, FailoverSLO: slo, BrokerHealthStepDown: bh, Activation: act}
 	}
 	inputs := []SessionInput{
-		{Source: `routes[0] "a"`, SessionID: "s1", Policy: pol(LeaseConfig{}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[0] "a"`, SessionID: "s1", Policy: pol(LeaseConfig{Baseline: standaloneBase}, 0, BrokerHealthStepDown{})},
 		// Pinning the default is no divergence.
-		{Source: `routes[1] "b"`, SessionID: "s1", Policy: pol(LeaseConfig{LeaseTTL: 360 * time.Second}, 0, BrokerHealthStepDown{})},
-		{Source: `routes[2] "c"`, SessionID: "s2", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, time.Hour, BrokerHealthOff)},
-		{Source: `routes[3] "d"`, SessionID: "s2", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, 2*time.Hour, BrokerHealthOff)},
-		{Source: `routes[4] "e"`, SessionID: "s3", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, 0, BrokerHealthOff)},
-		{Source: `routes[5] "f"`, SessionID: "s3", Policy: SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("mqtt")}},
-		{Source: `routes[6] "g"`, SessionID: "s4", Policy: pol(LeaseConfig{LeaseTTL: time.Second}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[1] "b"`, SessionID: "s1", Policy: pol(LeaseConfig{Baseline: standaloneBase, LeaseTTL: 360 * time.Second}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[2] "c"`, SessionID: "s2", Policy: pol(LeaseConfig{Baseline: clusteredBase}, time.Hour, BrokerHealthOff)},
+		{Source: `routes[3] "d"`, SessionID: "s2", Policy: pol(LeaseConfig{Baseline: clusteredBase}, 2*time.Hour, BrokerHealthOff)},
+		{Source: `routes[4] "e"`, SessionID: "s3", Policy: pol(LeaseConfig{Baseline: clusteredBase}, 0, BrokerHealthOff)},
+		{Source: `routes[5] "f"`, SessionID: "s3", Policy: SessionPolicy{Lease: LeaseConfig{Baseline: clusteredBase}, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("mqtt")}},
+		{Source: `routes[6] "g"`, SessionID: "s4", Policy: pol(LeaseConfig{Baseline: standaloneBase, LeaseTTL: time.Second}, 0, BrokerHealthStepDown{})},
 	}
 	wantErrs := []string{
 		`session "s2": routes[2] "c" and routes[3] "d" disagree on failover_slo (1h0m0s vs 2h0m0s)`,
@@ -67,7 +67,7 @@ func TestPreflight(t *testing.T) {
 func TestPreflightEveryInputCompared(t *testing.T) {
 	act := mustMQTT(t)
 	bh, _ := BrokerHealthAfter(time.Minute)
-	base := SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
+	base := SessionPolicy{Lease: LeaseConfig{Baseline: clusteredBase}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
 	act2, _ := mqttLike(time.Second, time.Second, time.Second)
 	for field, mut := range map[string]func(*SessionPolicy){
 		"lease_ttl":               func(p *SessionPolicy) { p.Lease.LeaseTTL = 50 * time.Second },

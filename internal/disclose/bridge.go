@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 )
 
 // BridgeReport is the JSON object of `myriarch-bridge budget --json` and,
@@ -60,12 +61,12 @@ func secs(d time.Duration) *float64 {
 	return &v
 }
 
-// NewBridgeReport renders an assessment.
-func NewBridgeReport(a failover.Assessment) BridgeReport {
+// NewBridgeReport renders an assessment of a session of a bridge in the
+// given deployment mode.
+func NewBridgeReport(mode leasemode.Mode, a failover.Assessment) BridgeReport {
 	p := a.Policy
-	mode := p.Lease.DeploymentMode
 	if mode == "" {
-		mode = failover.Standalone
+		mode = leasemode.Standalone
 	}
 	r := BridgeReport{
 		DeploymentMode:       string(mode),
@@ -163,15 +164,15 @@ func brokerPathStance(a failover.Assessment) string {
 func (r BridgeReport) Assessment() failover.Assessment { return r.assessment }
 
 // BridgeBudget assesses the flags' policy; input errors refuse it.
-func BridgeBudget(p failover.SessionPolicy, inputErrs []string) BridgeReport {
+func BridgeBudget(mode leasemode.Mode, p failover.SessionPolicy, inputErrs []string) BridgeReport {
 	if len(inputErrs) > 0 {
-		r := NewBridgeReport(failover.Assessment{Policy: p})
+		r := NewBridgeReport(mode, failover.Assessment{Policy: p})
 		r.Admitted = false
 		r.Errors = append([]string{}, inputErrs...)
 		r.BrokerPathFailover = brokerPathStance(failover.Assessment{Policy: p})
 		return r
 	}
-	return NewBridgeReport(failover.Assess(p))
+	return NewBridgeReport(mode, failover.Assess(p))
 }
 
 // WriteBridgeTable prints the report as a table that explains each term.

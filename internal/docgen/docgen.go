@@ -21,6 +21,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 	"github.com/myriarch/myriarch/internal/disclose"
 	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
@@ -81,18 +82,18 @@ const probeStepDown = time.Hour
 
 type profile struct {
 	label string
-	mode  failover.DeploymentMode
+	mode  leasemode.Mode
 }
 
 var profiles = []profile{
-	{"Standalone default (`deployment_mode: standalone`)", failover.Standalone},
-	{"Clustered HA (`deployment_mode: clustered`, no pinned lease timing)", failover.Clustered},
+	{"Standalone default (`deployment_mode: standalone`)", leasemode.Standalone},
+	{"Clustered HA (`deployment_mode: clustered`, no pinned lease timing)", leasemode.Clustered},
 }
 
-func assessProfile(mode failover.DeploymentMode) (disclose.BridgeReport, error) {
+func assessProfile(mode leasemode.Mode) (disclose.BridgeReport, error) {
 	bh, _ := failover.BrokerHealthAfter(probeStepDown)
-	r := disclose.NewBridgeReport(failover.Assess(failover.SessionPolicy{
-		Lease: failover.LeaseConfig{DeploymentMode: mode}, BrokerHealthStepDown: bh, Activation: mqttDefaults(),
+	r := disclose.NewBridgeReport(mode, failover.Assess(failover.SessionPolicy{
+		Lease: mode.Lease(failover.LeaseConfig{}), BrokerHealthStepDown: bh, Activation: mqttDefaults(),
 	}))
 	if !r.Admitted {
 		return r, fmt.Errorf("profile %s refused: %v", mode, r.Errors)
@@ -275,8 +276,8 @@ func bridgeQueueRoom() (string, error) {
 	b.WriteString(strings.Repeat("---|", len(queueRoomRates)+1) + "\n")
 	for _, p := range profiles {
 		bh, _ := failover.BrokerHealthAfter(queueRoomStepDown)
-		r := disclose.NewBridgeReport(failover.Assess(failover.SessionPolicy{
-			Lease: failover.LeaseConfig{DeploymentMode: p.mode}, BrokerHealthStepDown: bh, Activation: mqttDefaults(),
+		r := disclose.NewBridgeReport(p.mode, failover.Assess(failover.SessionPolicy{
+			Lease: p.mode.Lease(failover.LeaseConfig{}), BrokerHealthStepDown: bh, Activation: mqttDefaults(),
 		}))
 		if !r.Admitted {
 			return "", fmt.Errorf("profile %s refused: %v", p.mode, r.Errors)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 )
 
 // Config is a validated configuration with every default applied.
@@ -74,7 +75,7 @@ type BridgeSettings struct {
 	ID              string
 	InstanceID      string
 	InstanceIDSet   bool // false: derived from the hostname and a random suffix
-	DeploymentMode  failover.DeploymentMode
+	DeploymentMode  leasemode.Mode
 	ShutdownTimeout time.Duration
 	HTTPListen      string
 	DeadLetterPath  string

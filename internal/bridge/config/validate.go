@@ -12,6 +12,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 )
 
 type validator struct {
@@ -149,7 +150,7 @@ func (v *validator) bridge(f *File, cfg *Config) {
 	s.ID = b.str("id")
 	s.InstanceID = b.str("instance_id")
 	s.InstanceIDSet = s.InstanceID != ""
-	s.DeploymentMode, _ = failover.ParseDeploymentMode(b.str("deployment_mode"))
+	s.DeploymentMode, _ = leasemode.Parse(b.str("deployment_mode"))
 	s.ShutdownTimeout = b.dur("shutdown_timeout")
 	s.HTTPListen = b.str("http.listen")
 	s.StateDir = b.str("state_dir")
@@ -233,7 +234,7 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		if len(s.ClientID) > 23*8 {
 			v.add(p+".client_id", s.ClientID, "is longer than 184 bytes")
 		}
-		if cfg.Bridge.DeploymentMode == failover.Clustered && s.Mode != Exclusive && !s.ClientIDInstance {
+		if cfg.Bridge.DeploymentMode == leasemode.Clustered && s.Mode != Exclusive && !s.ClientIDInstance {
 			v.add(p+".client_id_suffix", r.ClientIDSuffix, `must be "instance" for a %s session in clustered mode, or instances would take the client_id from each other`, s.Mode)
 		}
 		s.CleanStart = s.Mode == Ephemeral
@@ -318,7 +319,7 @@ func (v *validator) receivers(f *File, cfg *Config) {
 		for j, t := range r.Topics {
 			tp := fmt.Sprintf("%s.topics[%d]", p, j)
 			ts := v.resolve(tp, &topicTable, &t)
-			if sess != nil && cfg.Bridge.DeploymentMode == failover.Clustered && sess.Mode != Exclusive && !strings.HasPrefix(t.Filter, "$share/") {
+			if sess != nil && cfg.Bridge.DeploymentMode == leasemode.Clustered && sess.Mode != Exclusive && !strings.HasPrefix(t.Filter, "$share/") {
 				v.add(tp+".filter", t.Filter, "in clustered mode a receiver needs a $share/<group>/ filter or an exclusive session, or every instance receives every message")
 			}
 			rs.Topics = append(rs.Topics, TopicSettings{Filter: t.Filter, QoS: byte(ts.int("qos"))})
@@ -426,8 +427,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 		}
 		if sess != nil && sess.Mode == Exclusive {
 			pol := failover.SessionPolicy{
-				Lease: failover.LeaseConfig{
-					DeploymentMode:      cfg.Bridge.DeploymentMode,
+				Lease: cfg.Bridge.DeploymentMode.Lease(failover.LeaseConfig{
 					LeaseTTL:            vs.dur("lease_ttl"),
 					RenewInterval:       vs.dur("renew_interval"),
 					LeaseRenewJitter:    vs.dur("lease_renew_jitter"),
@@ -435,7 +435,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 					AcquirePollInterval: vs.dur("acquire_poll_interval"),
 					MaxRenewFails:       vs.int("max_renew_fails"),
 					StepDownGrace:       vs.dur("step_down_grace"),
-				},
+				}),
 				StartupAllowance: vs.dur("startup_allowance"),
 				FailoverSLO:      vs.dur("failover_slo"),
 				Activation:       sess.Activation,
@@ -476,7 +476,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("receiver %q is used by no route; its session still subscribes and its messages are acknowledged undelivered", r.ID))
 		}
 	}
-	if cfg.Bridge.DeploymentMode == failover.Clustered && cfg.LeaseStore.Type == leaseStoreSQLite && slices.ContainsFunc(cfg.Sessions, func(s SessionSettings) bool { return s.Mode == Exclusive }) {
+	if cfg.Bridge.DeploymentMode == leasemode.Clustered && cfg.LeaseStore.Type == leaseStoreSQLite && slices.ContainsFunc(cfg.Sessions, func(s SessionSettings) bool { return s.Mode == Exclusive }) {
 		v.add("stores.lease.type", cfg.LeaseStore.Type, "clustered mode needs a shared lease store (postgres or etcd); sqlite is process-local to one host")
 	}
 }

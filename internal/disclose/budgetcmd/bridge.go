@@ -10,6 +10,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 	"github.com/myriarch/myriarch/internal/disclose"
 )
 
@@ -73,19 +74,18 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 		return d
 	}
 	var p failover.SessionPolicy
-	mode, err := failover.ParseDeploymentMode(*f.mode)
+	mode, err := leasemode.Parse(*f.mode)
 	if err != nil {
-		errs = append(errs, "--deployment-mode: "+err.Error())
+		errs = append(errs, "--deployment-mode (deployment_mode): "+err.Error())
 	}
-	p.Lease = failover.LeaseConfig{
-		DeploymentMode:      mode,
+	p.Lease = mode.Lease(failover.LeaseConfig{
 		LeaseTTL:            dur("lease-ttl", "lease_ttl", *f.ttl, false),
 		RenewInterval:       dur("renew-interval", "renew_interval", *f.interval, false),
 		LeaseRenewJitter:    dur("lease-renew-jitter", "lease_renew_jitter", *f.jitter, true),
 		RenewCallTimeout:    dur("renew-call-timeout", "renew_call_timeout", *f.callTimeout, false),
 		AcquirePollInterval: dur("acquire-poll-interval", "acquire_poll_interval", *f.poll, false),
 		StepDownGrace:       dur("step-down-grace", "step_down_grace", *f.grace, false),
-	}
+	})
 	if *f.mrf != "" {
 		n, err := strconv.Atoi(*f.mrf)
 		if err != nil || n < 1 {
