@@ -93,7 +93,9 @@ func (c Cadence) StepDownPhaseBound() time.Duration {
 // ResolveCadence resolves cfg into the cadence a lease manager runs with,
 // following DESIGN.md "The lease cadence" step by step. It returns warnings
 // for adjustments it made (jitter shed to keep the renew invariant) and an
-// error joining every rule the configuration breaks.
+// error joining every rule the configuration breaks. Errors and warnings
+// name LeaseConfig's fields (LeaseTTL, ...); a daemon maps them onto its
+// keys with RenameFields and RenameWords.
 func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 	var errs []error
 	neg := func(field string, d time.Duration) {
@@ -101,14 +103,14 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 			errs = append(errs, fieldErr(field, d, "must not be negative"))
 		}
 	}
-	neg("lease_ttl", cfg.LeaseTTL)
-	neg("renew_interval", cfg.RenewInterval)
-	neg("lease_renew_jitter", cfg.LeaseRenewJitter)
-	neg("renew_call_timeout", cfg.RenewCallTimeout)
-	neg("acquire_poll_interval", cfg.AcquirePollInterval)
-	neg("step_down_grace", cfg.StepDownGrace)
+	neg("LeaseTTL", cfg.LeaseTTL)
+	neg("RenewInterval", cfg.RenewInterval)
+	neg("LeaseRenewJitter", cfg.LeaseRenewJitter)
+	neg("RenewCallTimeout", cfg.RenewCallTimeout)
+	neg("AcquirePollInterval", cfg.AcquirePollInterval)
+	neg("StepDownGrace", cfg.StepDownGrace)
 	if cfg.MaxRenewFails < 0 {
-		errs = append(errs, fieldErr("max_renew_fails", cfg.MaxRenewFails, "must not be negative"))
+		errs = append(errs, fieldErr("MaxRenewFails", cfg.MaxRenewFails, "must not be negative"))
 	}
 	if len(errs) > 0 {
 		return Cadence{}, nil, errors.Join(errs...)
@@ -132,7 +134,7 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 	if c.LeaseTTL < MinExclusiveLeaseTTL {
 		// The derivations below divide the TTL; stop before they run on
 		// a value that is already refused.
-		return Cadence{}, nil, fieldErr("lease_ttl", c.LeaseTTL, "must be at least %v for an exclusive session", MinExclusiveLeaseTTL)
+		return Cadence{}, nil, fieldErr("LeaseTTL", c.LeaseTTL, "must be at least %v for an exclusive session", MinExclusiveLeaseTTL)
 	}
 
 	// 2. renew_interval.
@@ -160,14 +162,14 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 
 	// 7. Rejections.
 	if c.RenewInterval < MinRenewInterval {
-		errs = append(errs, fieldErr("renew_interval", c.RenewInterval, "must be at least %v", MinRenewInterval))
+		errs = append(errs, fieldErr("RenewInterval", c.RenewInterval, "must be at least %v", MinRenewInterval))
 	}
 	// A derived poll is short only because the interval is; report the cause once.
 	if c.AcquirePollInterval < MinAcquirePollInterval && (!c.AcquirePollIntervalDerived || c.RenewInterval >= MinRenewInterval) {
-		errs = append(errs, fieldErr("acquire_poll_interval", c.AcquirePollInterval, "must be at least %v", MinAcquirePollInterval))
+		errs = append(errs, fieldErr("AcquirePollInterval", c.AcquirePollInterval, "must be at least %v", MinAcquirePollInterval))
 	}
 	if c.StepDownGrace >= c.LeaseTTL {
-		errs = append(errs, fieldErr("step_down_grace", c.StepDownGrace, "must be shorter than lease_ttl (%v)", c.LeaseTTL))
+		errs = append(errs, fieldErr("StepDownGrace", c.StepDownGrace, "must be shorter than LeaseTTL (%v)", c.LeaseTTL))
 	}
 
 	// 5. Invariant: max_renew_fails·(interval + jitter/2 + call timeout) < TTL.
@@ -178,14 +180,14 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 	fixed := int64(c.RenewInterval) + int64(c.RenewCallTimeout)
 	switch {
 	case fixed > limit:
-		errs = append(errs, fieldErr("renew_interval", c.RenewInterval,
-			"max_renew_fails (%d) × (renew_interval + renew_call_timeout %v) must be below lease_ttl (%v) even without jitter; lower renew_interval or renew_call_timeout, or raise lease_ttl",
+		errs = append(errs, fieldErr("RenewInterval", c.RenewInterval,
+			"MaxRenewFails (%d) × (RenewInterval + RenewCallTimeout %v) must be below LeaseTTL (%v) even without jitter; lower RenewInterval or RenewCallTimeout, or raise LeaseTTL",
 			c.MaxRenewFails, c.RenewCallTimeout, c.LeaseTTL))
 	case fixed+int64(c.LeaseRenewJitter/2) > limit:
 		half := time.Duration(limit - fixed)
 		shed := 2 * half
 		warnings = append(warnings, fmt.Sprintf(
-			"lease_renew_jitter reduced from %v to %v so that max_renew_fails × (renew_interval + lease_renew_jitter/2 + renew_call_timeout) stays below lease_ttl (%v)",
+			"LeaseRenewJitter reduced from %v to %v so that MaxRenewFails × (RenewInterval + LeaseRenewJitter/2 + RenewCallTimeout) stays below LeaseTTL (%v)",
 			c.LeaseRenewJitter, shed, c.LeaseTTL))
 		c.LeaseRenewJitter = shed
 	}

@@ -36,7 +36,7 @@ func TestResolveCadence(t *testing.T) {
 		{"jitter shed to keep the invariant", LeaseConfig{Baseline: standaloneBase, LeaseTTL: 30 * time.Second, RenewInterval: 6 * time.Second, LeaseRenewJitter: 4 * time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second},
 			// limit = ⌈30s/3⌉ − 1ns = 9.999999999s; 6s + 3s fixed leaves half 0.999999999s.
 			Cadence{Baseline: "standalone", LeaseTTL: 30 * time.Second, RenewInterval: 6 * time.Second, LeaseRenewJitter: 1999999998, RenewCallTimeout: 3 * time.Second,
-				AcquirePollInterval: 5 * time.Second, MaxRenewFails: 3, StepDownGrace: 5 * time.Second, AcquirePollIntervalDerived: true}, "lease_renew_jitter reduced from 4s to 1.999999998s"},
+				AcquirePollInterval: 5 * time.Second, MaxRenewFails: 3, StepDownGrace: 5 * time.Second, AcquirePollIntervalDerived: true}, "LeaseRenewJitter reduced from 4s to 1.999999998s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, warns, err := ResolveCadence(tc.cfg)
@@ -62,17 +62,17 @@ func TestResolveCadenceRejects(t *testing.T) {
 		cfg  LeaseConfig
 		want []string
 	}{
-		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 4 * time.Second}, []string{"lease_ttl: 4s: must be at least 5s for an exclusive session"}},
-		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 60 * time.Second, RenewInterval: 200 * time.Millisecond}, []string{"renew_interval: 200ms: must be at least 250ms"}},
-		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 60 * time.Second, AcquirePollInterval: 100 * time.Millisecond}, []string{"acquire_poll_interval: 100ms: must be at least 250ms"}},
-		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 15 * time.Second}, []string{"step_down_grace: 15s: must be shorter than lease_ttl (15s)"}},
+		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 4 * time.Second}, []string{"LeaseTTL: 4s: must be at least 5s for an exclusive session"}},
+		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 60 * time.Second, RenewInterval: 200 * time.Millisecond}, []string{"RenewInterval: 200ms: must be at least 250ms"}},
+		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 60 * time.Second, AcquirePollInterval: 100 * time.Millisecond}, []string{"AcquirePollInterval: 100ms: must be at least 250ms"}},
+		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 15 * time.Second}, []string{"StepDownGrace: 15s: must be shorter than LeaseTTL (15s)"}},
 		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 30 * time.Second, RenewInterval: 8 * time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second},
-			[]string{"renew_interval: 8s: max_renew_fails (3) × (renew_interval + renew_call_timeout 3s) must be below lease_ttl (30s) even without jitter"}},
+			[]string{"RenewInterval: 8s: MaxRenewFails (3) × (RenewInterval + RenewCallTimeout 3s) must be below LeaseTTL (30s) even without jitter"}},
 		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: -1, RenewInterval: -2, MaxRenewFails: -1},
-			[]string{"lease_ttl: -1ns: must not be negative", "renew_interval: -2ns: must not be negative", "max_renew_fails: -1: must not be negative"}},
-		{LeaseConfig{Baseline: Baseline{}}, []string{"lease_ttl: 0s: must be at least 5s for an exclusive session"}},
+			[]string{"LeaseTTL: -1ns: must not be negative", "RenewInterval: -2ns: must not be negative", "MaxRenewFails: -1: must not be negative"}},
+		{LeaseConfig{Baseline: Baseline{}}, []string{"LeaseTTL: 0s: must be at least 5s for an exclusive session"}},
 		{LeaseConfig{Baseline: standaloneBase, LeaseTTL: 6 * time.Second, RenewInterval: 100 * time.Millisecond, AcquirePollInterval: 100 * time.Millisecond, StepDownGrace: 7 * time.Second},
-			[]string{"renew_interval: 100ms", "acquire_poll_interval: 100ms", "step_down_grace: 7s"}},
+			[]string{"RenewInterval: 100ms", "AcquirePollInterval: 100ms", "StepDownGrace: 7s"}},
 	} {
 		_, _, err := ResolveCadence(tc.cfg)
 		if err == nil {

@@ -26,7 +26,7 @@ func TestPreflight(t *testing.T) {
 	wantErrs := []string{
 		`session "s2": routes[2] "c" and routes[3] "d" disagree on failover_slo (1h0m0s vs 2h0m0s)`,
 		`session "s3": routes[4] "e" and routes[5] "f" disagree on transport activation (mqtt 4m0s vs mqtt unknown)`,
-		`session "s4", routes[6] "g": lease_ttl: 1s: must be at least 5s for an exclusive session`,
+		`session "s4", routes[6] "g": LeaseTTL: 1s: must be at least 5s for an exclusive session`,
 	}
 	var first []CanonicalSession
 	for i := range 20 {

@@ -61,6 +61,15 @@ func secs(d time.Duration) *float64 {
 	return &v
 }
 
+// renameWords states failover's warnings in the bridge's keys.
+func renameWords(ws []string) []string {
+	out := []string{}
+	for _, w := range ws {
+		out = append(out, failover.RenameWords(w, leasemode.Keys))
+	}
+	return out
+}
+
 // NewBridgeReport renders an assessment of a session of a bridge in the
 // given deployment mode.
 func NewBridgeReport(mode leasemode.Mode, a failover.Assessment) BridgeReport {
@@ -73,8 +82,8 @@ func NewBridgeReport(mode leasemode.Mode, a failover.Assessment) BridgeReport {
 		StartupAllowance:     p.StartupAllowance.Seconds(),
 		BrokerHealthStepDown: p.BrokerHealthStepDown.String(),
 		Admitted:             a.Admitted(),
-		Errors:               failover.ErrorStrings(a.Err),
-		Warnings:             append([]string{}, a.Warnings...),
+		Errors:               failover.ErrorStrings(failover.RenameFields(a.Err, leasemode.Keys)),
+		Warnings:             renameWords(a.Warnings),
 		assessment:           a,
 	}
 	if after, ok := p.BrokerHealthStepDown.After(); ok {

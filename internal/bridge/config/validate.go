@@ -561,7 +561,8 @@ func (v *validator) admit(cfg *Config) {
 		i := routeOf[res.Input]
 		r := cfg.Routes[i]
 		p := fmt.Sprintf("routes[%d]", i)
-		for _, e := range failover.Errs(res.Assessment.Err) {
+		// failover names LeaseConfig's fields; the problems name the keys.
+		for _, e := range failover.Errs(failover.RenameFields(res.Assessment.Err, leasemode.Keys)) {
 			var fe *failover.FieldError
 			if errors.As(e, &fe) {
 				path := p + "." + fe.Field
@@ -583,7 +584,7 @@ func (v *validator) admit(cfg *Config) {
 	cfg.Exclusive = canon
 	for _, c := range canon {
 		for _, w := range c.Assessment.Warnings {
-			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("session %q: %s", c.SessionID, w))
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("session %q: %s", c.SessionID, failover.RenameWords(w, leasemode.Keys)))
 		}
 		s := cfg.Session(c.SessionID)
 		idx := slices.IndexFunc(cfg.Sessions, func(x SessionSettings) bool { return x.ID == c.SessionID })

@@ -40,3 +40,19 @@ func TestParse(t *testing.T) {
 		t.Errorf("Parse(ha): %v", err)
 	}
 }
+
+// failover's refusals and warnings reach the operator in the bridge's keys.
+func TestKeysRenameFailoversWords(t *testing.T) {
+	_, _, err := failover.ResolveCadence(Standalone.Lease(failover.LeaseConfig{LeaseTTL: 15 * time.Second}))
+	if got := failover.RenameFields(err, Keys); got == nil || got.Error() != "step_down_grace: 15s: must be shorter than lease_ttl (15s)" {
+		t.Errorf("renamed error %v", got)
+	}
+	_, warns, err := failover.ResolveCadence(failover.LeaseConfig{LeaseTTL: 30 * time.Second, RenewInterval: 6 * time.Second,
+		LeaseRenewJitter: 4 * time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second})
+	if err != nil || len(warns) != 1 {
+		t.Fatalf("warnings %q, %v", warns, err)
+	}
+	if got := failover.RenameWords(warns[0], Keys); got != "lease_renew_jitter reduced from 4s to 1.999999998s so that max_renew_fails × (renew_interval + lease_renew_jitter/2 + renew_call_timeout) stays below lease_ttl (30s)" {
+		t.Errorf("renamed warning %q", got)
+	}
+}
