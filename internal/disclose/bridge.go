@@ -97,7 +97,7 @@ func NewBridgeReport(mode leasemode.Mode, a failover.Assessment) BridgeReport {
 		r.ActivationFormula = p.Activation.Formula
 	}
 	if c := a.Cadence; c.LeaseTTL > 0 {
-		r.Baseline = string(c.Baseline)
+		r.Baseline = c.Baseline
 		r.LeaseTTL = secs(c.LeaseTTL)
 		r.RenewInterval = secs(c.RenewInterval)
 		r.LeaseRenewJitter = secs(c.LeaseRenewJitter)
