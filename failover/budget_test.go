@@ -94,14 +94,14 @@ func TestSLOAdmission(t *testing.T) {
 	}{
 		{"exact owner-death boundary passes", SessionPolicy{Lease: clustered, FailoverSLO: 336500 * time.Millisecond, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, ""},
 		{"1ms below refused", SessionPolicy{Lease: clustered, FailoverSLO: 336499 * time.Millisecond, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, "owner-death budget is 5m36.5s"},
-		{"omitted step-down refused with SLO", SessionPolicy{Lease: clustered, FailoverSLO: time.Hour, Activation: act}, "broker_health_step_down: omitted"},
+		{"omitted step-down refused with SLO", SessionPolicy{Lease: clustered, FailoverSLO: time.Hour, Activation: act}, "BrokerHealthStepDown: omitted"},
 		{"omitted is fine without SLO", SessionPolicy{Lease: clustered, Activation: act}, ""},
 		{"duration: broker path must fit", SessionPolicy{Lease: clustered, FailoverSLO: 379 * time.Second, BrokerHealthStepDown: bh90, Activation: act}, "broker-path budget is 6m20s"},
 		{"duration: exact broker-path boundary passes", SessionPolicy{Lease: clustered, FailoverSLO: 380 * time.Second, BrokerHealthStepDown: bh90, Activation: act}, ""},
 		{"unknown activation with SLO refused", SessionPolicy{Lease: clustered, FailoverSLO: time.Hour, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("custom")}, `transport "custom" declares no post-takeover activation bound`},
-		{"negative SLO", SessionPolicy{Lease: clustered, FailoverSLO: -time.Second, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, "failover_slo: -1s: must be a positive duration"},
-		{"startup above 10m", SessionPolicy{Lease: clustered, StartupAllowance: 11 * time.Minute, Activation: act}, "startup_allowance: 11m0s: must be within [0s, 10m0s]"},
-		{"startup negative", SessionPolicy{Lease: clustered, StartupAllowance: -1, Activation: act}, "startup_allowance"},
+		{"negative SLO", SessionPolicy{Lease: clustered, FailoverSLO: -time.Second, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, "FailoverSLO: -1s: must be a positive duration"},
+		{"startup above 10m", SessionPolicy{Lease: clustered, StartupAllowance: 11 * time.Minute, Activation: act}, "StartupAllowance: 11m0s: must be within [0s, 10m0s]"},
+		{"startup negative", SessionPolicy{Lease: clustered, StartupAllowance: -1, Activation: act}, "StartupAllowance"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := Assess(tc.p)
@@ -155,7 +155,7 @@ func TestBrokerHealthParse(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"0s", "-5s", "on", "5", "OFF"} {
-		if _, err := ParseBrokerHealthStepDown(in); err == nil || !strings.Contains(err.Error(), "broker_health_step_down") {
+		if _, err := ParseBrokerHealthStepDown(in); err == nil || !strings.Contains(err.Error(), "BrokerHealthStepDown") {
 			t.Errorf("%q accepted or unclear error: %v", in, err)
 		}
 	}

@@ -118,16 +118,27 @@ func (v *validator) tls(path string, t *TLS) *TLSSettings {
 	return &TLSSettings{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 }
 
-// failover reports the errors of the failover package under prefix.
+// inKeys returns the FieldError in e (also a wrapped one) with failover's
+// field names mapped onto the bridge's keys; nil when e has none.
+func inKeys(e error) *failover.FieldError {
+	var fe *failover.FieldError
+	if !errors.As(e, &fe) {
+		return nil
+	}
+	renamed, _ := failover.RenameFields(fe, leasemode.Keys).(*failover.FieldError)
+	return renamed
+}
+
+// failover reports the errors of the failover package under prefix, with
+// failover's field names mapped onto the bridge's keys.
 func (v *validator) failover(prefix string, err error) {
 	for _, e := range failover.Errs(err) {
-		var fe *failover.FieldError
-		if errors.As(e, &fe) {
+		if fe := inKeys(e); fe != nil {
 			path := prefix + "." + fe.Field
 			v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: fe.Value, Rule: fe.Rule})
 			continue
 		}
-		v.problems = append(v.problems, Problem{File: v.file, Line: v.line(prefix), Path: prefix, Rule: e.Error()})
+		v.problems = append(v.problems, Problem{File: v.file, Line: v.line(prefix), Path: prefix, Rule: failover.RenameWords(e.Error(), leasemode.Keys)})
 	}
 }
 
@@ -561,10 +572,8 @@ func (v *validator) admit(cfg *Config) {
 		i := routeOf[res.Input]
 		r := cfg.Routes[i]
 		p := fmt.Sprintf("routes[%d]", i)
-		// failover names LeaseConfig's fields; the problems name the keys.
-		for _, e := range failover.Errs(failover.RenameFields(res.Assessment.Err, leasemode.Keys)) {
-			var fe *failover.FieldError
-			if errors.As(e, &fe) {
+		for _, e := range failover.Errs(res.Assessment.Err) {
+			if fe := inKeys(e); fe != nil {
 				path := p + "." + fe.Field
 				switch fe.Field {
 				case "connect_timeout", "reconcile_timeout", "unmatched_grace":
@@ -573,11 +582,11 @@ func (v *validator) admit(cfg *Config) {
 				v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: fe.Value, Rule: fe.Rule})
 				continue
 			}
-			v.add(p, nil, "%v", e)
+			v.add(p, nil, "%s", failover.RenameWords(e.Error(), leasemode.Keys))
 		}
 	}
 	for _, d := range pf.Divergences {
-		v.problems = append(v.problems, Problem{File: v.file, Rule: d.Error()})
+		v.problems = append(v.problems, Problem{File: v.file, Rule: failover.RenameWords(d.Error(), leasemode.Keys)})
 	}
 	canon := pf.Sessions
 	cfg.Admission = pf

@@ -69,15 +69,18 @@ func (m Mode) Lease(lc failover.LeaseConfig) failover.LeaseConfig {
 	return lc
 }
 
-// Keys maps failover.LeaseConfig's fields, as failover's errors and
-// warnings name them, onto the bridge's route keys (for
-// failover.RenameFields and failover.RenameWords).
+// Keys maps the fields of failover.LeaseConfig and failover.SessionPolicy,
+// as failover's errors, warnings and divergences name them, onto the
+// bridge's route keys (for failover.RenameFields and failover.RenameWords).
 var Keys = map[string]string{
-	"LeaseTTL":            "lease_ttl",
-	"RenewInterval":       "renew_interval",
-	"LeaseRenewJitter":    "lease_renew_jitter",
-	"RenewCallTimeout":    "renew_call_timeout",
-	"AcquirePollInterval": "acquire_poll_interval",
-	"MaxRenewFails":       "max_renew_fails",
-	"StepDownGrace":       "step_down_grace",
+	"StartupAllowance":     "startup_allowance",
+	"FailoverSLO":          "failover_slo",
+	"BrokerHealthStepDown": "broker_health_step_down",
+	"LeaseTTL":             "lease_ttl",
+	"RenewInterval":        "renew_interval",
+	"LeaseRenewJitter":     "lease_renew_jitter",
+	"RenewCallTimeout":     "renew_call_timeout",
+	"AcquirePollInterval":  "acquire_poll_interval",
+	"MaxRenewFails":        "max_renew_fails",
+	"StepDownGrace":        "step_down_grace",
 }

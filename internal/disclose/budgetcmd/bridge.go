@@ -97,7 +97,7 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 	p.FailoverSLO = dur("failover-slo", "failover_slo", *f.slo, false)
 	p.BrokerHealthStepDown, err = failover.ParseBrokerHealthStepDown(*f.brokerHealth)
 	if err != nil {
-		errs = append(errs, "--broker-health-step-down: "+err.Error())
+		errs = append(errs, "--broker-health-step-down: "+failover.RenameFields(err, leasemode.Keys).Error())
 	}
 	connect := dur("connect-timeout", "connect_timeout", *f.connect, false)
 	reconcile := dur("reconcile-timeout", "reconcile_timeout", *f.reconcile, false)
