@@ -16,6 +16,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 )
 
 // BridgeReport is the JSON object of `myriarch-bridge budget --json` and,
@@ -136,7 +137,7 @@ func WorstBudget(a failover.Assessment) time.Duration {
 // WithQueueRoom adds the queue-room admission; a queue that cannot hold
 // the messages at risk refuses the report.
 func (r *BridgeReport) WithQueueRoom(q failover.QueueRoom) {
-	r.QueueRoom = q.String()
+	r.QueueRoom = queueroom.String(q)
 	if q.PeakRate <= 0 {
 		return
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 	"github.com/myriarch/myriarch/internal/disclose"
 	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
@@ -265,14 +266,14 @@ var queueRoomRates = []float64{10, 100, 200, 1000}
 
 // bridgeQueueRoom: the messages at risk (rate × worst-case budget) at the
 // default profiles, and the highest rate that a broker's default queue of
-// DefaultBrokerQueueLimit messages holds through the worst-case failover.
+// queueroom.DefaultLimit messages holds through the worst-case failover.
 func bridgeQueueRoom() (string, error) {
 	var b strings.Builder
 	b.WriteString("| Profile (broker_health_step_down 60s) | Worst-case budget |")
 	for _, r := range queueRoomRates {
 		fmt.Fprintf(&b, " at %v msg/s |", r)
 	}
-	fmt.Fprintf(&b, " Highest rate a %d-message queue holds |\n|---|---|", failover.DefaultBrokerQueueLimit)
+	fmt.Fprintf(&b, " Highest rate a %d-message queue holds |\n|---|---|", queueroom.DefaultLimit)
 	b.WriteString(strings.Repeat("---|", len(queueRoomRates)+1) + "\n")
 	for _, p := range profiles {
 		bh, _ := failover.BrokerHealthAfter(queueRoomStepDown)
@@ -289,8 +290,8 @@ func bridgeQueueRoom() (string, error) {
 		}
 		// The largest rate whose messages at risk fit the default queue, to
 		// the hundredth of a message per second.
-		h := int64(float64(failover.DefaultBrokerQueueLimit) / worst.Seconds() * 100)
-		for h > 0 && failover.MessagesAtRisk(float64(h)/100, worst) > failover.DefaultBrokerQueueLimit {
+		h := int64(float64(queueroom.DefaultLimit) / worst.Seconds() * 100)
+		for h > 0 && failover.MessagesAtRisk(float64(h)/100, worst) > queueroom.DefaultLimit {
 			h--
 		}
 		fmt.Fprintf(&b, " %s msg/s |\n", strconv.FormatFloat(float64(h)/100, 'f', -1, 64))

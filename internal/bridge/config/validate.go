@@ -13,6 +13,7 @@ import (
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 )
 
 type validator struct {
@@ -626,7 +627,7 @@ func (v *validator) admit(cfg *Config) {
 			for _, r := range perReceiver {
 				rate += r
 			}
-			q := failover.AssessQueueRoom(rate, s.BrokerMaxQueuedMessages, worst)
+			q := queueroom.Assess(rate, s.BrokerMaxQueuedMessages, worst)
 			if cfg.QueueRoom == nil {
 				cfg.QueueRoom = map[string]failover.QueueRoom{}
 			}

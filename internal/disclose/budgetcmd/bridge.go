@@ -11,6 +11,7 @@ import (
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 	"github.com/myriarch/myriarch/internal/disclose"
 )
 
@@ -45,7 +46,7 @@ func NewBridgeFlags(name string, output io.Writer) *BridgeFlags {
 	f.brokerHealth = fs.String("broker-health-step-down", "", `"off" or a positive duration; omitted means undeclared`)
 	f.slo = fs.String("failover-slo", "", "declared failover objective (Go duration)")
 	f.peakRate = fs.String("peak-message-rate", "", "declared peak message rate into the session (msg/s): discloses the messages at risk, rate × worst-case budget")
-	f.queueLimit = fs.String("broker-max-queued-messages", "", fmt.Sprintf("the broker's per-session queue limit (0 unlimited); omitted with a rate means %d, the default of mosquitto, EMQX and HiveMQ", failover.DefaultBrokerQueueLimit))
+	f.queueLimit = fs.String("broker-max-queued-messages", "", fmt.Sprintf("the broker's per-session queue limit (0 unlimited); omitted with a rate means %d, the default of mosquitto, EMQX and HiveMQ", queueroom.DefaultLimit))
 	f.JSON = fs.Bool("json", false, "print the stable JSON object")
 	return f
 }
@@ -135,5 +136,5 @@ func (f *BridgeFlags) AddQueueRoom(r *disclose.BridgeReport) {
 		r.Errors = append(r.Errors, errs...)
 		return
 	}
-	r.WithQueueRoom(failover.AssessQueueRoom(rate, limit, disclose.WorstBudget(r.Assessment())))
+	r.WithQueueRoom(queueroom.Assess(rate, limit, disclose.WorstBudget(r.Assessment())))
 }
