@@ -191,10 +191,10 @@ func seconds(d time.Duration) float64 { return math.Ceil(d.Seconds()) }
 // accepts, also values with fractions or more than one unit.
 func TestChartGracePeriodFollowsTheFormula(t *testing.T) {
 	values := readYAML(t, filepath.Join(chartDir, "values.yaml"))
-	if got := values["preStopSleepSeconds"]; got != failover.DefaultPreStopSleep.Seconds() {
-		t.Fatalf("preStopSleepSeconds %v, want failover.DefaultPreStopSleep %v", got, failover.DefaultPreStopSleep)
+	if got := values["preStopSleepSeconds"]; got != config.DefaultPreStopSleep.Seconds() {
+		t.Fatalf("preStopSleepSeconds %v, want config.DefaultPreStopSleep %v", got, config.DefaultPreStopSleep)
 	}
-	want, err := failover.TerminationGracePeriod(failover.DefaultPreStopSleep, failover.DefaultShutdownTimeout)
+	want, err := config.TerminationGracePeriod(config.DefaultPreStopSleep, config.DefaultShutdownTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestChartGracePeriodFollowsTheFormula(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := failover.TerminationGracePeriod(time.Duration(c.preStop)*time.Second, d)
+		want, err := config.TerminationGracePeriod(time.Duration(c.preStop)*time.Second, d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,7 +338,7 @@ func TestSystemdStopTimeoutFollowsTheFormula(t *testing.T) {
 	if m == nil {
 		t.Fatal("no TimeoutStopSec")
 	}
-	want, err := failover.TerminationGracePeriod(0, failover.DefaultShutdownTimeout)
+	want, err := config.TerminationGracePeriod(0, config.DefaultShutdownTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}

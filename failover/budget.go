@@ -134,13 +134,13 @@ func requirePositive(c Cadence, act Activation) error {
 	for _, f := range []struct {
 		name string
 		d    time.Duration
-	}{{"lease_ttl", c.LeaseTTL}, {"acquire_poll_interval", c.AcquirePollInterval}, {"renew_call_timeout", c.RenewCallTimeout}} {
+	}{{"LeaseTTL", c.LeaseTTL}, {"AcquirePollInterval", c.AcquirePollInterval}, {"RenewCallTimeout", c.RenewCallTimeout}} {
 		if f.d <= 0 {
 			errs = append(errs, fieldErr(f.name, f.d, "must be positive to bound failover"))
 		}
 	}
 	if !act.Known {
-		errs = append(errs, fieldErr("transport", act.Transport, "declares no post-takeover activation bound"))
+		errs = append(errs, fieldErr("Activation", act.Transport, "declares no post-takeover activation bound"))
 	} else if act.Bound <= 0 {
 		errs = append(errs, fieldErr("activation", act.Bound, "must be positive"))
 	}
@@ -189,7 +189,7 @@ func BrokerPathBudget(c Cadence, stepDown time.Duration, act Activation, startup
 		return Budget{}, err
 	}
 	if stepDown <= 0 {
-		return Budget{}, fieldErr("broker_health_step_down", stepDown, "must be a positive duration for a broker-path budget")
+		return Budget{}, fieldErr("BrokerHealthStepDown", stepDown, "must be a positive duration for a broker-path budget")
 	}
 	var b builder
 	b.add("broker_health_step_down", stepDown, "the broker path stays non-converged this long")

@@ -34,17 +34,17 @@ func TestShippedProfilesMatchSpec(t *testing.T) {
 	}
 	step := 90 * time.Second
 	for _, tc := range []struct {
-		mode                       DeploymentMode
+		base                       Baseline
 		ttl, interval, call, poll  time.Duration
 		grace                      time.Duration
 		ownerDeath, brokerPathRest time.Duration
 	}{
-		{Standalone, 360 * time.Second, 75555555555, 5 * time.Second, 5 * time.Second, 15 * time.Second, 1097500 * time.Millisecond, 382500 * time.Millisecond},
-		{Clustered, 45 * time.Second, 10 * time.Second, 3 * time.Second, 5 * time.Second, 5 * time.Second, 336500 * time.Millisecond, 290 * time.Second},
+		{standaloneBase, 360 * time.Second, 75555555555, 5 * time.Second, 5 * time.Second, 15 * time.Second, 1097500 * time.Millisecond, 382500 * time.Millisecond},
+		{clusteredBase, 45 * time.Second, 10 * time.Second, 3 * time.Second, 5 * time.Second, 5 * time.Second, 336500 * time.Millisecond, 290 * time.Second},
 	} {
-		t.Run(string(tc.mode), func(t *testing.T) {
+		t.Run(tc.base.Name, func(t *testing.T) {
 			bh, _ := BrokerHealthAfter(step)
-			a := Assess(SessionPolicy{Lease: LeaseConfig{DeploymentMode: tc.mode}, BrokerHealthStepDown: bh, Activation: act})
+			a := Assess(SessionPolicy{Lease: LeaseConfig{Baseline: tc.base}, BrokerHealthStepDown: bh, Activation: act})
 			if !a.Admitted() {
 				t.Fatal(a.Err)
 			}
@@ -63,7 +63,7 @@ func TestShippedProfilesMatchSpec(t *testing.T) {
 }
 
 func TestOwnerDeathTerms(t *testing.T) {
-	c, _, err := ResolveCadence(LeaseConfig{})
+	c, _, err := ResolveCadence(LeaseConfig{Baseline: standaloneBase})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestOwnerDeathTerms(t *testing.T) {
 func TestSLOAdmission(t *testing.T) {
 	act := mustMQTT(t)
 	bh90, _ := BrokerHealthAfter(90 * time.Second)
-	clustered := LeaseConfig{DeploymentMode: Clustered}
+	clustered := LeaseConfig{Baseline: clusteredBase}
 	for _, tc := range []struct {
 		name    string
 		p       SessionPolicy
@@ -94,14 +94,14 @@ func TestSLOAdmission(t *testing.T) {
 	}{
 		{"exact owner-death boundary passes", SessionPolicy{Lease: clustered, FailoverSLO: 336500 * time.Millisecond, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, ""},
 		{"1ms below refused", SessionPolicy{Lease: clustered, FailoverSLO: 336499 * time.Millisecond, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, "owner-death budget is 5m36.5s"},
-		{"omitted step-down refused with SLO", SessionPolicy{Lease: clustered, FailoverSLO: time.Hour, Activation: act}, "broker_health_step_down: omitted"},
+		{"omitted step-down refused with SLO", SessionPolicy{Lease: clustered, FailoverSLO: time.Hour, Activation: act}, "BrokerHealthStepDown: omitted"},
 		{"omitted is fine without SLO", SessionPolicy{Lease: clustered, Activation: act}, ""},
 		{"duration: broker path must fit", SessionPolicy{Lease: clustered, FailoverSLO: 379 * time.Second, BrokerHealthStepDown: bh90, Activation: act}, "broker-path budget is 6m20s"},
 		{"duration: exact broker-path boundary passes", SessionPolicy{Lease: clustered, FailoverSLO: 380 * time.Second, BrokerHealthStepDown: bh90, Activation: act}, ""},
 		{"unknown activation with SLO refused", SessionPolicy{Lease: clustered, FailoverSLO: time.Hour, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("custom")}, `transport "custom" declares no post-takeover activation bound`},
-		{"negative SLO", SessionPolicy{Lease: clustered, FailoverSLO: -time.Second, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, "failover_slo: -1s: must be a positive duration"},
-		{"startup above 10m", SessionPolicy{Lease: clustered, StartupAllowance: 11 * time.Minute, Activation: act}, "startup_allowance: 11m0s: must be within [0s, 10m0s]"},
-		{"startup negative", SessionPolicy{Lease: clustered, StartupAllowance: -1, Activation: act}, "startup_allowance"},
+		{"negative SLO", SessionPolicy{Lease: clustered, FailoverSLO: -time.Second, BrokerHealthStepDown: BrokerHealthOff, Activation: act}, "FailoverSLO: -1s: must be a positive duration"},
+		{"startup above 10m", SessionPolicy{Lease: clustered, StartupAllowance: 11 * time.Minute, Activation: act}, "StartupAllowance: 11m0s: must be within [0s, 10m0s]"},
+		{"startup negative", SessionPolicy{Lease: clustered, StartupAllowance: -1, Activation: act}, "StartupAllowance"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := Assess(tc.p)
@@ -119,7 +119,7 @@ func TestSLOAdmission(t *testing.T) {
 }
 
 func TestOffLeavesBrokerPathUncomputed(t *testing.T) {
-	a := Assess(SessionPolicy{FailoverSLO: 2 * time.Hour, BrokerHealthStepDown: BrokerHealthOff, Activation: mustMQTT(t)})
+	a := Assess(SessionPolicy{Lease: LeaseConfig{Baseline: standaloneBase}, FailoverSLO: 2 * time.Hour, BrokerHealthStepDown: BrokerHealthOff, Activation: mustMQTT(t)})
 	if !a.Admitted() || a.BrokerPath != nil || a.OwnerDeath == nil {
 		t.Fatalf("off: admitted=%v brokerPath=%v ownerDeath=%v", a.Admitted(), a.BrokerPath, a.OwnerDeath)
 	}
@@ -141,7 +141,7 @@ func TestOverflowIsAnError(t *testing.T) {
 		t.Fatalf("activation: %v", err)
 	}
 	// Resolution of a pinned TTL near the limit must not wrap either.
-	a := Assess(SessionPolicy{Lease: LeaseConfig{LeaseTTL: huge}, Activation: mustMQTT(t)})
+	a := Assess(SessionPolicy{Lease: LeaseConfig{Baseline: standaloneBase, LeaseTTL: huge}, Activation: mustMQTT(t)})
 	if a.Admitted() {
 		t.Fatalf("TTL %v admitted with budget %v", huge, a.OwnerDeath)
 	}
@@ -155,7 +155,7 @@ func TestBrokerHealthParse(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"0s", "-5s", "on", "5", "OFF"} {
-		if _, err := ParseBrokerHealthStepDown(in); err == nil || !strings.Contains(err.Error(), "broker_health_step_down") {
+		if _, err := ParseBrokerHealthStepDown(in); err == nil || !strings.Contains(err.Error(), "BrokerHealthStepDown") {
 			t.Errorf("%q accepted or unclear error: %v", in, err)
 		}
 	}
@@ -163,7 +163,7 @@ func TestBrokerHealthParse(t *testing.T) {
 
 // A refused objective still discloses the budgets it was compared with.
 func TestRefusedPolicyStillDisclosesBudgets(t *testing.T) {
-	a := Assess(SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, FailoverSLO: time.Minute, Activation: mustMQTT(t)})
+	a := Assess(SessionPolicy{Lease: LeaseConfig{Baseline: clusteredBase}, FailoverSLO: time.Minute, Activation: mustMQTT(t)})
 	if a.Admitted() || a.OwnerDeath == nil || a.OwnerDeath.Total != 336500*time.Millisecond {
 		t.Fatalf("admitted=%v ownerDeath=%v err=%v", a.Admitted(), a.OwnerDeath, a.Err)
 	}

@@ -1,31 +1,11 @@
 package failover
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
 )
-
-// DeploymentMode chooses the lease baseline of a session that pins neither
-// lease_ttl nor renew_interval.
-type DeploymentMode string
-
-// The deployment modes. The empty mode means Standalone.
-const (
-	Standalone DeploymentMode = "standalone"
-	Clustered  DeploymentMode = "clustered"
-)
-
-// ParseDeploymentMode accepts "standalone", "clustered" or "" (standalone).
-func ParseDeploymentMode(s string) (DeploymentMode, error) {
-	switch DeploymentMode(s) {
-	case "", Standalone:
-		return Standalone, nil
-	case Clustered:
-		return Clustered, nil
-	}
-	return "", fieldErr("deployment_mode", fmt.Sprintf("%q", s), "must be standalone or clustered")
-}
 
 // Limits of the lease cadence (DESIGN.md, "The lease cadence").
 const (
@@ -42,33 +22,29 @@ const (
 	maxDerivedPoll        = 5 * time.Second
 )
 
-// Baselines of the two deployment modes.
-var (
-	// ClusteredBaseline applies to deployment_mode clustered when neither
-	// lease_ttl nor renew_interval is pinned.
-	ClusteredBaseline = LeaseConfig{
-		DeploymentMode:   Clustered,
-		LeaseTTL:         45 * time.Second,
-		RenewInterval:    10 * time.Second,
-		LeaseRenewJitter: time.Second,
-		RenewCallTimeout: 3 * time.Second,
-		MaxRenewFails:    3,
-		StepDownGrace:    5 * time.Second,
-	}
-	// StandaloneBaseline applies otherwise; the missing timings are derived.
-	StandaloneBaseline = LeaseConfig{
-		DeploymentMode: Standalone,
-		LeaseTTL:       360 * time.Second,
-		MaxRenewFails:  3,
-		StepDownGrace:  15 * time.Second,
-	}
-)
+// Baseline is the lease timing a daemon ships as its default: a
+// LeaseConfig's positive pinned values override it, and what neither sets
+// is derived (ResolveCadence). The zero Baseline ships nothing, so the TTL
+// must be pinned. Daemons choose their baselines by their own policy (the
+// bridge: by deployment mode, internal/bridge/leasemode).
+type Baseline struct {
+	// Name is reported as Cadence.Baseline.
+	Name             string
+	LeaseTTL         time.Duration
+	RenewInterval    time.Duration
+	LeaseRenewJitter time.Duration
+	RenewCallTimeout time.Duration
+	// MaxRenewFails of 0 means DefaultMaxRenewFails.
+	MaxRenewFails int
+	StepDownGrace time.Duration
+}
 
 // LeaseConfig is the lease block of one exclusive session as the operator
 // wrote it. A zero value means "not pinned": the baseline or a derivation
 // fills it in. Negative values are refused.
 type LeaseConfig struct {
-	DeploymentMode      DeploymentMode
+	// Baseline is what the cadence starts from.
+	Baseline            Baseline
 	LeaseTTL            time.Duration
 	RenewInterval       time.Duration
 	LeaseRenewJitter    time.Duration
@@ -82,7 +58,7 @@ type LeaseConfig struct {
 // with, and where each came from.
 type Cadence struct {
 	// Baseline names the baseline the resolution started from.
-	Baseline            DeploymentMode
+	Baseline            string
 	LeaseTTL            time.Duration
 	RenewInterval       time.Duration
 	LeaseRenewJitter    time.Duration
@@ -117,7 +93,9 @@ func (c Cadence) StepDownPhaseBound() time.Duration {
 // ResolveCadence resolves cfg into the cadence a lease manager runs with,
 // following DESIGN.md "The lease cadence" step by step. It returns warnings
 // for adjustments it made (jitter shed to keep the renew invariant) and an
-// error joining every rule the configuration breaks.
+// error joining every rule the configuration breaks. Errors and warnings
+// name LeaseConfig's fields (LeaseTTL, ...); a daemon maps them onto its
+// keys with RenameFields and RenameWords.
 func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 	var errs []error
 	neg := func(field string, d time.Duration) {
@@ -125,48 +103,38 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 			errs = append(errs, fieldErr(field, d, "must not be negative"))
 		}
 	}
-	neg("lease_ttl", cfg.LeaseTTL)
-	neg("renew_interval", cfg.RenewInterval)
-	neg("lease_renew_jitter", cfg.LeaseRenewJitter)
-	neg("renew_call_timeout", cfg.RenewCallTimeout)
-	neg("acquire_poll_interval", cfg.AcquirePollInterval)
-	neg("step_down_grace", cfg.StepDownGrace)
+	neg("LeaseTTL", cfg.LeaseTTL)
+	neg("RenewInterval", cfg.RenewInterval)
+	neg("LeaseRenewJitter", cfg.LeaseRenewJitter)
+	neg("RenewCallTimeout", cfg.RenewCallTimeout)
+	neg("AcquirePollInterval", cfg.AcquirePollInterval)
+	neg("StepDownGrace", cfg.StepDownGrace)
 	if cfg.MaxRenewFails < 0 {
-		errs = append(errs, fieldErr("max_renew_fails", cfg.MaxRenewFails, "must not be negative"))
-	}
-	mode := cfg.DeploymentMode
-	if mode == "" {
-		mode = Standalone
-	}
-	if mode != Standalone && mode != Clustered {
-		errs = append(errs, fieldErr("deployment_mode", fmt.Sprintf("%q", mode), "must be standalone or clustered"))
+		errs = append(errs, fieldErr("MaxRenewFails", cfg.MaxRenewFails, "must not be negative"))
 	}
 	if len(errs) > 0 {
 		return Cadence{}, nil, errors.Join(errs...)
 	}
 
 	// 1. Baseline, then positive pinned values on top.
-	base := StandaloneBaseline
-	if mode == Clustered && cfg.LeaseTTL == 0 && cfg.RenewInterval == 0 {
-		base = ClusteredBaseline
-	}
+	base := cfg.Baseline
 	c := Cadence{
-		Baseline:            base.DeploymentMode,
+		Baseline:            base.Name,
 		LeaseTTL:            pick(cfg.LeaseTTL, base.LeaseTTL),
 		RenewInterval:       pick(cfg.RenewInterval, base.RenewInterval),
 		LeaseRenewJitter:    pick(cfg.LeaseRenewJitter, base.LeaseRenewJitter),
 		RenewCallTimeout:    pick(cfg.RenewCallTimeout, base.RenewCallTimeout),
-		AcquirePollInterval: pick(cfg.AcquirePollInterval, base.AcquirePollInterval),
+		AcquirePollInterval: cfg.AcquirePollInterval,
 		MaxRenewFails:       cfg.MaxRenewFails,
 		StepDownGrace:       pick(cfg.StepDownGrace, base.StepDownGrace),
 	}
 	if c.MaxRenewFails == 0 {
-		c.MaxRenewFails = base.MaxRenewFails
+		c.MaxRenewFails = cmp.Or(base.MaxRenewFails, DefaultMaxRenewFails)
 	}
 	if c.LeaseTTL < MinExclusiveLeaseTTL {
 		// The derivations below divide the TTL; stop before they run on
 		// a value that is already refused.
-		return Cadence{}, nil, fieldErr("lease_ttl", c.LeaseTTL, "must be at least %v for an exclusive session", MinExclusiveLeaseTTL)
+		return Cadence{}, nil, fieldErr("LeaseTTL", c.LeaseTTL, "must be at least %v for an exclusive session", MinExclusiveLeaseTTL)
 	}
 
 	// 2. renew_interval.
@@ -194,14 +162,14 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 
 	// 7. Rejections.
 	if c.RenewInterval < MinRenewInterval {
-		errs = append(errs, fieldErr("renew_interval", c.RenewInterval, "must be at least %v", MinRenewInterval))
+		errs = append(errs, fieldErr("RenewInterval", c.RenewInterval, "must be at least %v", MinRenewInterval))
 	}
 	// A derived poll is short only because the interval is; report the cause once.
 	if c.AcquirePollInterval < MinAcquirePollInterval && (!c.AcquirePollIntervalDerived || c.RenewInterval >= MinRenewInterval) {
-		errs = append(errs, fieldErr("acquire_poll_interval", c.AcquirePollInterval, "must be at least %v", MinAcquirePollInterval))
+		errs = append(errs, fieldErr("AcquirePollInterval", c.AcquirePollInterval, "must be at least %v", MinAcquirePollInterval))
 	}
 	if c.StepDownGrace >= c.LeaseTTL {
-		errs = append(errs, fieldErr("step_down_grace", c.StepDownGrace, "must be shorter than lease_ttl (%v)", c.LeaseTTL))
+		errs = append(errs, fieldErr("StepDownGrace", c.StepDownGrace, "must be shorter than LeaseTTL (%v)", c.LeaseTTL))
 	}
 
 	// 5. Invariant: max_renew_fails·(interval + jitter/2 + call timeout) < TTL.
@@ -212,14 +180,14 @@ func ResolveCadence(cfg LeaseConfig) (Cadence, []string, error) {
 	fixed := int64(c.RenewInterval) + int64(c.RenewCallTimeout)
 	switch {
 	case fixed > limit:
-		errs = append(errs, fieldErr("renew_interval", c.RenewInterval,
-			"max_renew_fails (%d) × (renew_interval + renew_call_timeout %v) must be below lease_ttl (%v) even without jitter; lower renew_interval or renew_call_timeout, or raise lease_ttl",
+		errs = append(errs, fieldErr("RenewInterval", c.RenewInterval,
+			"MaxRenewFails (%d) × (RenewInterval + RenewCallTimeout %v) must be below LeaseTTL (%v) even without jitter; lower RenewInterval or RenewCallTimeout, or raise LeaseTTL",
 			c.MaxRenewFails, c.RenewCallTimeout, c.LeaseTTL))
 	case fixed+int64(c.LeaseRenewJitter/2) > limit:
 		half := time.Duration(limit - fixed)
 		shed := 2 * half
 		warnings = append(warnings, fmt.Sprintf(
-			"lease_renew_jitter reduced from %v to %v so that max_renew_fails × (renew_interval + lease_renew_jitter/2 + renew_call_timeout) stays below lease_ttl (%v)",
+			"LeaseRenewJitter reduced from %v to %v so that MaxRenewFails × (RenewInterval + LeaseRenewJitter/2 + RenewCallTimeout) stays below LeaseTTL (%v)",
 			c.LeaseRenewJitter, shed, c.LeaseTTL))
 		c.LeaseRenewJitter = shed
 	}

@@ -1,12 +1,18 @@
 // Package failover is the arithmetic behind Myriarch's failover guarantees.
 //
-// It has no I/O. It resolves the lease cadence of an exclusive bridge session
-// from its configuration, computes the two failover budgets of the bridge
-// (owner death and broker-path outage), admits or refuses a declared
-// failover objective against them, canonicalizes the inputs of sessions
-// that several routes share, derives the TCP keepalive settings of
-// myriarchd's leader lock session from ha.leaderSessionTimeout, and sizes
-// the Kubernetes termination grace period.
+// It has no I/O. It resolves a lease cadence from a baseline and the pinned
+// values, computes the two failover budgets of an exclusive session (owner
+// death and dependency-path outage), admits or refuses a declared failover
+// objective against them, canonicalizes the inputs of sessions that several
+// sources share, derives the TCP keepalive settings of a leader lock
+// session from its session timeout, and sizes the stop time of a
+// leader-elected service.
+//
+// The daemons own their defaults and policies (the bridge's deployment
+// modes and baselines, myriarchd's shutdown defaults) and pass values in.
+// Errors are FieldErrors that name this package's own fields (LeaseTTL,
+// FailoverSLO, ...); RenameFields and RenameWords state them in a daemon's
+// configuration keys.
 //
 // Every duration is a time.Duration (nanoseconds). Sums and products go
 // through checked arithmetic: an overflow is an error, never a wrapped value.

@@ -1,8 +1,10 @@
 package failover
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"regexp"
 )
 
 // FieldError is a refused configuration value: the field, the value as the
@@ -37,6 +39,24 @@ func Errs(err error) []error {
 	return []error{err}
 }
 
+// RenameWords replaces in s every whole word that names maps (a library
+// field name such as LeaseTTL) by the caller's key: for the warnings and
+// rules that mention fields by name.
+func RenameWords(s string, names map[string]string) string {
+	if len(names) == 0 {
+		return s
+	}
+	return wordPattern.ReplaceAllStringFunc(s, func(w string) string {
+		if k, ok := names[w]; ok {
+			return k
+		}
+		return w
+	})
+}
+
+// wordPattern matches the identifiers that RenameWords looks up.
+var wordPattern = regexp.MustCompile(`\b[A-Za-z][A-Za-z0-9_]*\b`)
+
 // ErrorStrings returns the messages of every part of err.
 func ErrorStrings(err error) []string {
 	parts := Errs(err)
@@ -47,11 +67,11 @@ func ErrorStrings(err error) []string {
 	return out
 }
 
-// RenameFields returns err with the Field of every FieldError part
-// renamed through names (library field → the caller's config key), so
-// that a daemon reports the library's refusals in its own vocabulary.
-// Other parts (also wrapped FieldErrors), and fields not in names, are
-// kept as they are.
+// RenameFields returns err with the Field of every FieldError part, and
+// the field names its Rule mentions, renamed through names (library field
+// → the caller's config key), so that a daemon reports the library's
+// refusals in its own vocabulary. Other parts (also wrapped FieldErrors),
+// and fields not in names, are kept as they are.
 func RenameFields(err error, names map[string]string) error {
 	parts := Errs(err)
 	if len(parts) == 0 {
@@ -60,11 +80,10 @@ func RenameFields(err error, names map[string]string) error {
 	out := make([]error, 0, len(parts))
 	for _, e := range parts {
 		if fe, ok := e.(*FieldError); ok {
-			if key, ok := names[fe.Field]; ok {
-				c := *fe
-				c.Field = key
-				e = &c
-			}
+			c := *fe
+			c.Field = cmp.Or(names[fe.Field], fe.Field)
+			c.Rule = RenameWords(c.Rule, names)
+			e = &c
 		}
 		out = append(out, e)
 	}

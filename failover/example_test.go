@@ -16,8 +16,11 @@ func ExampleAssess() {
 		failover.ActivationStep{Name: "reconcile_timeout", Times: 4, Timeout: 30 * time.Second},
 		failover.ActivationStep{Name: "unmatched_grace", Times: 2, Timeout: 30 * time.Second})
 	bh, _ := failover.ParseBrokerHealthStepDown("90s")
+	// The baseline the daemon ships (here the bridge's clustered one).
+	clustered := failover.Baseline{Name: "clustered", LeaseTTL: 45 * time.Second, RenewInterval: 10 * time.Second,
+		LeaseRenewJitter: time.Second, RenewCallTimeout: 3 * time.Second, MaxRenewFails: 3, StepDownGrace: 5 * time.Second}
 	a := failover.Assess(failover.SessionPolicy{
-		Lease:                failover.LeaseConfig{DeploymentMode: failover.Clustered},
+		Lease:                failover.LeaseConfig{Baseline: clustered},
 		FailoverSLO:          390 * time.Second,
 		BrokerHealthStepDown: bh,
 		Activation:           act,
@@ -43,9 +46,12 @@ func ExampleDeriveLeaderKeepalive() {
 	// the leader resigns by itself after 15s
 }
 
-// A derived cadence: the standalone baseline.
+// A derived cadence: from a baseline that ships only the TTL, the failure
+// count and the step-down grace (the bridge's standalone one), every other
+// timing is derived.
 func ExampleResolveCadence() {
-	c, warnings, err := failover.ResolveCadence(failover.LeaseConfig{})
+	base := failover.Baseline{Name: "standalone", LeaseTTL: 360 * time.Second, MaxRenewFails: 3, StepDownGrace: 15 * time.Second}
+	c, warnings, err := failover.ResolveCadence(failover.LeaseConfig{Baseline: base})
 	fmt.Println(c.LeaseTTL, c.RenewInterval.Round(time.Millisecond), c.RenewCallTimeout, c.AcquirePollInterval, len(warnings), err)
 	// Output: 6m0s 1m15.556s 5s 5s 0 <nil>
 }

@@ -15,7 +15,7 @@ func FuzzParseBrokerHealthStepDown(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		b, err := ParseBrokerHealthStepDown(s)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "broker_health_step_down: ") {
+			if !strings.HasPrefix(err.Error(), "BrokerHealthStepDown: ") {
 				t.Fatalf("error does not name the field: %v", err)
 			}
 			return

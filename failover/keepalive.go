@@ -125,30 +125,27 @@ func (k LeaderKeepalive) CountDropAfter() time.Duration {
 	return elapsed
 }
 
-// Shutdown sizing of myriarchd (spec "Size the shutdown").
-const (
-	// FinalFlushDeadline bounds the OpAMP server's last flush of last-seen
-	// times and events and the offline marking of its agents.
-	FinalFlushDeadline = 15 * time.Second
-	// LeaderReleaseBound bounds the leader's unlock and session close (4s)
-	// plus the pool and listener close (about 1s).
-	LeaderReleaseBound = 5 * time.Second
-	// DefaultShutdownTimeout is server.shutdownTimeout.
-	DefaultShutdownTimeout = 30 * time.Second
-	// DefaultPreStopSleep is the Helm chart's preStopSleepSeconds.
-	DefaultPreStopSleep = 10 * time.Second
-)
+// LeaderReleaseBound bounds the leader's unlock and session close (4s)
+// plus the pool and listener close (about 1s).
+const LeaderReleaseBound = 5 * time.Second
 
-// TerminationGracePeriod is the smallest terminationGracePeriodSeconds that
-// covers the slowest planned stop:
-// preStopSleepSeconds + 2 × server.shutdownTimeout + 15 + 5, rounded up to
-// whole seconds.
-func TerminationGracePeriod(preStopSleep, shutdownTimeout time.Duration) (time.Duration, error) {
+// TerminationGracePeriod is the smallest stop time (Kubernetes'
+// terminationGracePeriodSeconds, systemd's TimeoutStopSec) that covers the
+// slowest planned stop of a leader-elected service whose stop sleeps
+// preStopSleep, drains twice for shutdownTimeout, gives its last flush
+// finalFlush and releases the leadership:
+// preStopSleep + 2 × shutdownTimeout + finalFlush + LeaderReleaseBound,
+// rounded up to whole seconds. The daemon supplies its own values
+// (myriarchd: internal/fleet/config).
+func TerminationGracePeriod(preStopSleep, shutdownTimeout, finalFlush time.Duration) (time.Duration, error) {
 	if preStopSleep < 0 {
 		return 0, fieldErr("PreStopSleep", preStopSleep, "must not be negative")
 	}
 	if shutdownTimeout <= 0 {
 		return 0, fieldErr("ShutdownTimeout", shutdownTimeout, "must be positive")
+	}
+	if finalFlush < 0 {
+		return 0, fieldErr("FinalFlush", finalFlush, "must not be negative")
 	}
 	var s sum
 	s.add("pre-stop sleep", preStopSleep)
@@ -157,7 +154,7 @@ func TerminationGracePeriod(preStopSleep, shutdownTimeout time.Duration) (time.D
 		return 0, err
 	}
 	s.add("2 × shutdown timeout", v)
-	s.add("final flush", FinalFlushDeadline)
+	s.add("final flush", finalFlush)
 	s.add("leader release", LeaderReleaseBound)
 	if s.err != nil {
 		return 0, s.err

@@ -81,16 +81,20 @@ func TestLeaderKeepaliveModel(t *testing.T) {
 }
 
 func TestTerminationGracePeriod(t *testing.T) {
-	g, err := TerminationGracePeriod(DefaultPreStopSleep, DefaultShutdownTimeout)
+	// The spec's figures: 10 + 2 × 30 + 15 + 5.
+	g, err := TerminationGracePeriod(10*time.Second, 30*time.Second, 15*time.Second)
 	if err != nil || g != 90*time.Second {
-		t.Fatalf("default grace %v %v, want 90s", g, err)
+		t.Fatalf("grace %v %v, want 90s", g, err)
 	}
-	g, err = TerminationGracePeriod(0, 1500*time.Millisecond)
+	g, err = TerminationGracePeriod(0, 1500*time.Millisecond, 15*time.Second)
 	if err != nil || g != 23*time.Second {
 		t.Fatalf("grace %v %v, want 23s", g, err)
 	}
-	if _, err := TerminationGracePeriod(0, 0); err == nil || !strings.Contains(err.Error(), "ShutdownTimeout") {
+	if _, err := TerminationGracePeriod(0, 0, 0); err == nil || !strings.Contains(err.Error(), "ShutdownTimeout") {
 		t.Fatalf("zero shutdown timeout: %v", err)
+	}
+	if _, err := TerminationGracePeriod(0, time.Second, -time.Second); err == nil || !strings.Contains(err.Error(), "FinalFlush") {
+		t.Fatalf("negative final flush: %v", err)
 	}
 }
 
@@ -101,7 +105,7 @@ func TestRenameFieldsMapsOntoADaemonsKeys(t *testing.T) {
 	if !errors.As(err, &fe) || fe.Field != "ha.leaderSessionTimeout" || fe.Value != "1s" || !strings.Contains(fe.Rule, "[10s, 10m0s]") {
 		t.Fatalf("renamed error %v", err)
 	}
-	_, err = TerminationGracePeriod(-time.Second, 0)
+	_, err = TerminationGracePeriod(-time.Second, 0, 0)
 	if got := RenameFields(err, map[string]string{"PreStopSleep": "preStopSleepSeconds"}); !strings.HasPrefix(got.Error(), "preStopSleepSeconds: -1s: ") {
 		t.Fatalf("renamed error %v", got)
 	}

@@ -22,7 +22,7 @@ var BrokerHealthOff = BrokerHealthStepDown{declared: true}
 // non-converged for d. d must be positive.
 func BrokerHealthAfter(d time.Duration) (BrokerHealthStepDown, error) {
 	if d <= 0 {
-		return BrokerHealthStepDown{}, fieldErr("broker_health_step_down", d, `must be "off" or a positive duration`)
+		return BrokerHealthStepDown{}, fieldErr("BrokerHealthStepDown", d, `must be "off" or a positive duration`)
 	}
 	return BrokerHealthStepDown{declared: true, after: d}, nil
 }
@@ -38,7 +38,7 @@ func ParseBrokerHealthStepDown(s string) (BrokerHealthStepDown, error) {
 	}
 	d, err := time.ParseDuration(strings.TrimSpace(s))
 	if err != nil {
-		return BrokerHealthStepDown{}, fieldErr("broker_health_step_down", fmt.Sprintf("%q", s), `must be "off" or a positive duration such as 90s`)
+		return BrokerHealthStepDown{}, fieldErr("BrokerHealthStepDown", fmt.Sprintf("%q", s), `must be "off" or a positive duration such as 90s`)
 	}
 	return BrokerHealthAfter(d)
 }
@@ -103,18 +103,18 @@ func Assess(p SessionPolicy) Assessment {
 	}
 	startupOK := p.StartupAllowance >= 0 && p.StartupAllowance <= MaxStartupAllowance
 	if !startupOK {
-		errs = append(errs, fieldErr("startup_allowance", p.StartupAllowance, "must be within [0s, %v]", MaxStartupAllowance))
+		errs = append(errs, fieldErr("StartupAllowance", p.StartupAllowance, "must be within [0s, %v]", MaxStartupAllowance))
 	}
 	if p.FailoverSLO < 0 {
-		errs = append(errs, fieldErr("failover_slo", p.FailoverSLO, "must be a positive duration"))
+		errs = append(errs, fieldErr("FailoverSLO", p.FailoverSLO, "must be a positive duration"))
 	}
 	slo := p.FailoverSLO > 0
 	if slo && !p.BrokerHealthStepDown.Declared() {
-		errs = append(errs, fieldErr("broker_health_step_down", "omitted",
-			`failover_slo is declared, so broker_health_step_down must be answered: "off" (the objective covers owner death alone) or a positive duration`))
+		errs = append(errs, fieldErr("BrokerHealthStepDown", "omitted",
+			`FailoverSLO is declared, so BrokerHealthStepDown must be answered: "off" (the objective covers owner death alone) or a positive duration`))
 	}
 	if slo && !p.Activation.Known {
-		errs = append(errs, fieldErr("failover_slo", p.FailoverSLO,
+		errs = append(errs, fieldErr("FailoverSLO", p.FailoverSLO,
 			"cannot be admitted: transport %q declares no post-takeover activation bound", p.Activation.Transport))
 	}
 	if cadErr != nil || !startupOK {
@@ -144,12 +144,12 @@ func Assess(p SessionPolicy) Assessment {
 	}
 	if slo {
 		if a.OwnerDeath != nil && a.OwnerDeath.Total > p.FailoverSLO {
-			errs = append(errs, fieldErr("failover_slo", p.FailoverSLO,
-				"the owner-death budget is %v, above the objective; shorten lease_ttl, lower the transport timeouts or raise acquire_poll_interval", a.OwnerDeath.Total))
+			errs = append(errs, fieldErr("FailoverSLO", p.FailoverSLO,
+				"the owner-death budget is %v, above the objective; shorten LeaseTTL, lower the transport timeouts or raise AcquirePollInterval", a.OwnerDeath.Total))
 		}
 		if a.BrokerPath != nil && a.BrokerPath.Total > p.FailoverSLO {
-			errs = append(errs, fieldErr("failover_slo", p.FailoverSLO,
-				"the broker-path budget is %v, above the objective; lower broker_health_step_down or the terms above", a.BrokerPath.Total))
+			errs = append(errs, fieldErr("FailoverSLO", p.FailoverSLO,
+				"the broker-path budget is %v, above the objective; lower BrokerHealthStepDown or the terms above", a.BrokerPath.Total))
 		}
 	}
 	a.Err = errors.Join(errs...)

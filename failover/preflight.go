@@ -167,25 +167,25 @@ func (k canonicalKey) diff(o canonicalKey) string {
 	d := func(name string, a, b any) string { return fmt.Sprintf("%s (%v vs %v)", name, a, b) }
 	switch {
 	case k.cad.LeaseTTL != o.cad.LeaseTTL:
-		return d("lease_ttl", k.cad.LeaseTTL, o.cad.LeaseTTL)
+		return d("LeaseTTL", k.cad.LeaseTTL, o.cad.LeaseTTL)
 	case k.cad.RenewInterval != o.cad.RenewInterval:
-		return d("renew_interval", k.cad.RenewInterval, o.cad.RenewInterval)
+		return d("RenewInterval", k.cad.RenewInterval, o.cad.RenewInterval)
 	case k.cad.LeaseRenewJitter != o.cad.LeaseRenewJitter:
-		return d("lease_renew_jitter", k.cad.LeaseRenewJitter, o.cad.LeaseRenewJitter)
+		return d("LeaseRenewJitter", k.cad.LeaseRenewJitter, o.cad.LeaseRenewJitter)
 	case k.cad.RenewCallTimeout != o.cad.RenewCallTimeout:
-		return d("renew_call_timeout", k.cad.RenewCallTimeout, o.cad.RenewCallTimeout)
+		return d("RenewCallTimeout", k.cad.RenewCallTimeout, o.cad.RenewCallTimeout)
 	case k.cad.AcquirePollInterval != o.cad.AcquirePollInterval:
-		return d("acquire_poll_interval", k.cad.AcquirePollInterval, o.cad.AcquirePollInterval)
+		return d("AcquirePollInterval", k.cad.AcquirePollInterval, o.cad.AcquirePollInterval)
 	case k.cad.MaxRenewFails != o.cad.MaxRenewFails:
-		return d("max_renew_fails", k.cad.MaxRenewFails, o.cad.MaxRenewFails)
+		return d("MaxRenewFails", k.cad.MaxRenewFails, o.cad.MaxRenewFails)
 	case k.cad.StepDownGrace != o.cad.StepDownGrace:
-		return d("step_down_grace", k.cad.StepDownGrace, o.cad.StepDownGrace)
+		return d("StepDownGrace", k.cad.StepDownGrace, o.cad.StepDownGrace)
 	case k.startup != o.startup:
-		return d("startup_allowance", k.startup, o.startup)
+		return d("StartupAllowance", k.startup, o.startup)
 	case k.slo != o.slo:
-		return d("failover_slo", sloString(k.slo), sloString(o.slo))
+		return d("FailoverSLO", sloString(k.slo), sloString(o.slo))
 	case k.broker != o.broker:
-		return d("broker_health_step_down", k.broker, o.broker)
+		return d("BrokerHealthStepDown", k.broker, o.broker)
 	case k.actTranspt != o.actTranspt || k.actKnown != o.actKnown || k.actBound != o.actBound:
 		return d("transport activation", actString(k), actString(o))
 	}

@@ -14,19 +14,19 @@ func TestPreflight(t *testing.T) {
 		return SessionPolicy{Lease: l, FailoverSLO: slo, BrokerHealthStepDown: bh, Activation: act}
 	}
 	inputs := []SessionInput{
-		{Source: `routes[0] "a"`, SessionID: "s1", Policy: pol(LeaseConfig{}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[0] "a"`, SessionID: "s1", Policy: pol(LeaseConfig{Baseline: standaloneBase}, 0, BrokerHealthStepDown{})},
 		// Pinning the default is no divergence.
-		{Source: `routes[1] "b"`, SessionID: "s1", Policy: pol(LeaseConfig{LeaseTTL: 360 * time.Second}, 0, BrokerHealthStepDown{})},
-		{Source: `routes[2] "c"`, SessionID: "s2", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, time.Hour, BrokerHealthOff)},
-		{Source: `routes[3] "d"`, SessionID: "s2", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, 2*time.Hour, BrokerHealthOff)},
-		{Source: `routes[4] "e"`, SessionID: "s3", Policy: pol(LeaseConfig{DeploymentMode: Clustered}, 0, BrokerHealthOff)},
-		{Source: `routes[5] "f"`, SessionID: "s3", Policy: SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("mqtt")}},
-		{Source: `routes[6] "g"`, SessionID: "s4", Policy: pol(LeaseConfig{LeaseTTL: time.Second}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[1] "b"`, SessionID: "s1", Policy: pol(LeaseConfig{Baseline: standaloneBase, LeaseTTL: 360 * time.Second}, 0, BrokerHealthStepDown{})},
+		{Source: `routes[2] "c"`, SessionID: "s2", Policy: pol(LeaseConfig{Baseline: clusteredBase}, time.Hour, BrokerHealthOff)},
+		{Source: `routes[3] "d"`, SessionID: "s2", Policy: pol(LeaseConfig{Baseline: clusteredBase}, 2*time.Hour, BrokerHealthOff)},
+		{Source: `routes[4] "e"`, SessionID: "s3", Policy: pol(LeaseConfig{Baseline: clusteredBase}, 0, BrokerHealthOff)},
+		{Source: `routes[5] "f"`, SessionID: "s3", Policy: SessionPolicy{Lease: LeaseConfig{Baseline: clusteredBase}, BrokerHealthStepDown: BrokerHealthOff, Activation: UnknownActivation("mqtt")}},
+		{Source: `routes[6] "g"`, SessionID: "s4", Policy: pol(LeaseConfig{Baseline: standaloneBase, LeaseTTL: time.Second}, 0, BrokerHealthStepDown{})},
 	}
 	wantErrs := []string{
-		`session "s2": routes[2] "c" and routes[3] "d" disagree on failover_slo (1h0m0s vs 2h0m0s)`,
+		`session "s2": routes[2] "c" and routes[3] "d" disagree on FailoverSLO (1h0m0s vs 2h0m0s)`,
 		`session "s3": routes[4] "e" and routes[5] "f" disagree on transport activation (mqtt 4m0s vs mqtt unknown)`,
-		`session "s4", routes[6] "g": lease_ttl: 1s: must be at least 5s for an exclusive session`,
+		`session "s4", routes[6] "g": LeaseTTL: 1s: must be at least 5s for an exclusive session`,
 	}
 	var first []CanonicalSession
 	for i := range 20 {
@@ -67,18 +67,18 @@ func TestPreflight(t *testing.T) {
 func TestPreflightEveryInputCompared(t *testing.T) {
 	act := mustMQTT(t)
 	bh, _ := BrokerHealthAfter(time.Minute)
-	base := SessionPolicy{Lease: LeaseConfig{DeploymentMode: Clustered}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
+	base := SessionPolicy{Lease: LeaseConfig{Baseline: clusteredBase}, BrokerHealthStepDown: BrokerHealthOff, FailoverSLO: time.Hour, Activation: act}
 	act2, _ := mqttLike(time.Second, time.Second, time.Second)
 	for field, mut := range map[string]func(*SessionPolicy){
-		"lease_ttl":               func(p *SessionPolicy) { p.Lease.LeaseTTL = 50 * time.Second },
-		"renew_call_timeout":      func(p *SessionPolicy) { p.Lease.RenewCallTimeout = 2 * time.Second },
-		"lease_renew_jitter":      func(p *SessionPolicy) { p.Lease.LeaseRenewJitter = 2 * time.Second },
-		"acquire_poll_interval":   func(p *SessionPolicy) { p.Lease.AcquirePollInterval = 2 * time.Second },
-		"max_renew_fails":         func(p *SessionPolicy) { p.Lease.MaxRenewFails = 2 },
-		"step_down_grace":         func(p *SessionPolicy) { p.Lease.StepDownGrace = 2 * time.Second },
-		"startup_allowance":       func(p *SessionPolicy) { p.StartupAllowance = time.Second },
-		"broker_health_step_down": func(p *SessionPolicy) { p.BrokerHealthStepDown = bh },
-		"transport activation":    func(p *SessionPolicy) { p.Activation = act2 },
+		"LeaseTTL":             func(p *SessionPolicy) { p.Lease.LeaseTTL = 50 * time.Second },
+		"RenewCallTimeout":     func(p *SessionPolicy) { p.Lease.RenewCallTimeout = 2 * time.Second },
+		"LeaseRenewJitter":     func(p *SessionPolicy) { p.Lease.LeaseRenewJitter = 2 * time.Second },
+		"AcquirePollInterval":  func(p *SessionPolicy) { p.Lease.AcquirePollInterval = 2 * time.Second },
+		"MaxRenewFails":        func(p *SessionPolicy) { p.Lease.MaxRenewFails = 2 },
+		"StepDownGrace":        func(p *SessionPolicy) { p.Lease.StepDownGrace = 2 * time.Second },
+		"StartupAllowance":     func(p *SessionPolicy) { p.StartupAllowance = time.Second },
+		"BrokerHealthStepDown": func(p *SessionPolicy) { p.BrokerHealthStepDown = bh },
+		"transport activation": func(p *SessionPolicy) { p.Activation = act2 },
 	} {
 		other := base
 		mut(&other)

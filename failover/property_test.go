@@ -153,7 +153,7 @@ func TestBudgetOverflowAlwaysAnError(t *testing.T) {
 func TestResolvedCadenceKeepsInvariant(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		cfg := LeaseConfig{
-			DeploymentMode:      rapid.SampledFrom([]DeploymentMode{"", Standalone, Clustered}).Draw(t, "mode"),
+			Baseline:            rapid.SampledFrom([]Baseline{{}, standaloneBase, clusteredBase}).Draw(t, "baseline"),
 			LeaseTTL:            rapid.SampledFrom([]time.Duration{0, 0, genDur(time.Second, 2*time.Hour).Draw(t, "ttl")}).Draw(t, "ttlp"),
 			RenewInterval:       rapid.SampledFrom([]time.Duration{0, 0, genDur(100*time.Millisecond, time.Hour).Draw(t, "iv")}).Draw(t, "ivp"),
 			LeaseRenewJitter:    rapid.SampledFrom([]time.Duration{0, genDur(0, time.Hour).Draw(t, "j")}).Draw(t, "jp"),

@@ -8,7 +8,8 @@ import (
 )
 
 func TestJitterBounds(t *testing.T) {
-	c, _, err := failover.ResolveCadence(failover.LeaseConfig{DeploymentMode: failover.Clustered})
+	c, _, err := failover.ResolveCadence(failover.LeaseConfig{Baseline: failover.Baseline{Name: "clustered", LeaseTTL: 45 * time.Second,
+		RenewInterval: 10 * time.Second, LeaseRenewJitter: time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

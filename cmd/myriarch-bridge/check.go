@@ -113,7 +113,7 @@ func sessionReports(cfg *config.Config) []disclose.BridgeReport {
 		if a == nil {
 			continue
 		}
-		rep := disclose.NewBridgeReport(*a)
+		rep := disclose.NewBridgeReport(cfg.Bridge.DeploymentMode, *a)
 		rep.SessionID = s.ID
 		if q, ok := cfg.QueueRoom[s.ID]; ok {
 			// A refusal is already among the config's problems.

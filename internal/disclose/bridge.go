@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 )
 
 // BridgeReport is the JSON object of `myriarch-bridge budget --json` and,
@@ -60,20 +62,29 @@ func secs(d time.Duration) *float64 {
 	return &v
 }
 
-// NewBridgeReport renders an assessment.
-func NewBridgeReport(a failover.Assessment) BridgeReport {
+// renameWords states failover's warnings in the bridge's keys.
+func renameWords(ws []string) []string {
+	out := []string{}
+	for _, w := range ws {
+		out = append(out, failover.RenameWords(w, leasemode.Keys))
+	}
+	return out
+}
+
+// NewBridgeReport renders an assessment of a session of a bridge in the
+// given deployment mode.
+func NewBridgeReport(mode leasemode.Mode, a failover.Assessment) BridgeReport {
 	p := a.Policy
-	mode := p.Lease.DeploymentMode
 	if mode == "" {
-		mode = failover.Standalone
+		mode = leasemode.Standalone
 	}
 	r := BridgeReport{
 		DeploymentMode:       string(mode),
 		StartupAllowance:     p.StartupAllowance.Seconds(),
 		BrokerHealthStepDown: p.BrokerHealthStepDown.String(),
 		Admitted:             a.Admitted(),
-		Errors:               failover.ErrorStrings(a.Err),
-		Warnings:             append([]string{}, a.Warnings...),
+		Errors:               failover.ErrorStrings(failover.RenameFields(a.Err, leasemode.Keys)),
+		Warnings:             renameWords(a.Warnings),
 		assessment:           a,
 	}
 	if after, ok := p.BrokerHealthStepDown.After(); ok {
@@ -87,7 +98,7 @@ func NewBridgeReport(a failover.Assessment) BridgeReport {
 		r.ActivationFormula = p.Activation.Formula
 	}
 	if c := a.Cadence; c.LeaseTTL > 0 {
-		r.Baseline = string(c.Baseline)
+		r.Baseline = c.Baseline
 		r.LeaseTTL = secs(c.LeaseTTL)
 		r.RenewInterval = secs(c.RenewInterval)
 		r.LeaseRenewJitter = secs(c.LeaseRenewJitter)
@@ -126,7 +137,7 @@ func WorstBudget(a failover.Assessment) time.Duration {
 // WithQueueRoom adds the queue-room admission; a queue that cannot hold
 // the messages at risk refuses the report.
 func (r *BridgeReport) WithQueueRoom(q failover.QueueRoom) {
-	r.QueueRoom = q.String()
+	r.QueueRoom = queueroom.String(q)
 	if q.PeakRate <= 0 {
 		return
 	}
@@ -163,15 +174,15 @@ func brokerPathStance(a failover.Assessment) string {
 func (r BridgeReport) Assessment() failover.Assessment { return r.assessment }
 
 // BridgeBudget assesses the flags' policy; input errors refuse it.
-func BridgeBudget(p failover.SessionPolicy, inputErrs []string) BridgeReport {
+func BridgeBudget(mode leasemode.Mode, p failover.SessionPolicy, inputErrs []string) BridgeReport {
 	if len(inputErrs) > 0 {
-		r := NewBridgeReport(failover.Assessment{Policy: p})
+		r := NewBridgeReport(mode, failover.Assessment{Policy: p})
 		r.Admitted = false
 		r.Errors = append([]string{}, inputErrs...)
 		r.BrokerPathFailover = brokerPathStance(failover.Assessment{Policy: p})
 		return r
 	}
-	return NewBridgeReport(failover.Assess(p))
+	return NewBridgeReport(mode, failover.Assess(p))
 }
 
 // WriteBridgeTable prints the report as a table that explains each term.

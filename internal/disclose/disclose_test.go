@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
 // The report is called with values and names myriarchd's keys in its
@@ -21,7 +22,7 @@ func TestLeaderBudgetNamesMyriarchdKeys(t *testing.T) {
 	if r.OK() || strings.Contains(got, "LeaderSessionTimeout:") || strings.Contains(got, "PreStopSleep:") {
 		t.Fatalf("errors %q", got)
 	}
-	ok := LeaderBudget(failover.DefaultLeaderSessionTimeout, failover.DefaultShutdownTimeout, failover.DefaultPreStopSleep)
+	ok := LeaderBudget(failover.DefaultLeaderSessionTimeout, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 	if !ok.OK() || *ok.TerminationGracePeriod != 90 || *ok.Detection != 22 {
 		t.Fatalf("default report %+v", ok)
 	}

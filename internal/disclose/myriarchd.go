@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
 // LeaderReport is the JSON object of `myriarchd budget --json`. Durations
@@ -66,7 +67,7 @@ func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
 		r.ConfirmTimeout = secs(k.ConfirmTimeout)
 		r.ResignAfter = secs(k.ResignAfter)
 	}
-	g, err := failover.TerminationGracePeriod(preStopSleep, shutdownTimeout)
+	g, err := fleetconfig.TerminationGracePeriod(preStopSleep, shutdownTimeout)
 	if err != nil {
 		r.Errors = append(r.Errors, failover.ErrorStrings(failover.RenameFields(err, myriarchdKeys))...)
 	} else {

@@ -21,7 +21,10 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 	"github.com/myriarch/myriarch/internal/disclose"
+	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
 // Tables maps each table name to its renderer.
@@ -80,18 +83,18 @@ const probeStepDown = time.Hour
 
 type profile struct {
 	label string
-	mode  failover.DeploymentMode
+	mode  leasemode.Mode
 }
 
 var profiles = []profile{
-	{"Standalone default (`deployment_mode: standalone`)", failover.Standalone},
-	{"Clustered HA (`deployment_mode: clustered`, no pinned lease timing)", failover.Clustered},
+	{"Standalone default (`deployment_mode: standalone`)", leasemode.Standalone},
+	{"Clustered HA (`deployment_mode: clustered`, no pinned lease timing)", leasemode.Clustered},
 }
 
-func assessProfile(mode failover.DeploymentMode) (disclose.BridgeReport, error) {
+func assessProfile(mode leasemode.Mode) (disclose.BridgeReport, error) {
 	bh, _ := failover.BrokerHealthAfter(probeStepDown)
-	r := disclose.NewBridgeReport(failover.Assess(failover.SessionPolicy{
-		Lease: failover.LeaseConfig{DeploymentMode: mode}, BrokerHealthStepDown: bh, Activation: mqttDefaults(),
+	r := disclose.NewBridgeReport(mode, failover.Assess(failover.SessionPolicy{
+		Lease: mode.Lease(failover.LeaseConfig{}), BrokerHealthStepDown: bh, Activation: mqttDefaults(),
 	}))
 	if !r.Admitted {
 		return r, fmt.Errorf("profile %s refused: %v", mode, r.Errors)
@@ -169,7 +172,7 @@ func bridgeTerms() (string, error) {
 }
 
 func leaderDefault() (failover.LeaderKeepalive, error) {
-	r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, failover.DefaultShutdownTimeout, failover.DefaultPreStopSleep)
+	r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 	if !r.OK() {
 		return failover.LeaderKeepalive{}, fmt.Errorf("%v", r.Errors)
 	}
@@ -223,7 +226,7 @@ func leaderTimeouts() (string, error) {
 	b.WriteString("| T | Follower retry (max) | Margin | D | I | count | tcp_user_timeout | Server drops after | Leader resigns after | Confirm every / timeout |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range LeaderTimeoutSamples {
-		r := disclose.LeaderBudget(t, failover.DefaultShutdownTimeout, failover.DefaultPreStopSleep)
+		r := disclose.LeaderBudget(t, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 		if !r.OK() {
 			return "", fmt.Errorf("leader session timeout %v: %v", t, r.Errors)
 		}
@@ -240,10 +243,10 @@ func terminationGrace() (string, error) {
 	var b strings.Builder
 	b.WriteString("| preStopSleepSeconds | server.shutdownTimeout | terminationGracePeriodSeconds at least |\n|---|---|---|\n")
 	for _, c := range []struct{ pre, sd time.Duration }{
-		{failover.DefaultPreStopSleep, failover.DefaultShutdownTimeout},
-		{failover.DefaultPreStopSleep, 15 * time.Second},
-		{failover.DefaultPreStopSleep, time.Minute},
-		{0, failover.DefaultShutdownTimeout},
+		{fleetconfig.DefaultPreStopSleep, fleetconfig.DefaultShutdownTimeout},
+		{fleetconfig.DefaultPreStopSleep, 15 * time.Second},
+		{fleetconfig.DefaultPreStopSleep, time.Minute},
+		{0, fleetconfig.DefaultShutdownTimeout},
 	} {
 		r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, c.sd, c.pre)
 		if !r.OK() {
@@ -263,19 +266,19 @@ var queueRoomRates = []float64{10, 100, 200, 1000}
 
 // bridgeQueueRoom: the messages at risk (rate × worst-case budget) at the
 // default profiles, and the highest rate that a broker's default queue of
-// DefaultBrokerQueueLimit messages holds through the worst-case failover.
+// queueroom.DefaultLimit messages holds through the worst-case failover.
 func bridgeQueueRoom() (string, error) {
 	var b strings.Builder
 	b.WriteString("| Profile (broker_health_step_down 60s) | Worst-case budget |")
 	for _, r := range queueRoomRates {
 		fmt.Fprintf(&b, " at %v msg/s |", r)
 	}
-	fmt.Fprintf(&b, " Highest rate a %d-message queue holds |\n|---|---|", failover.DefaultBrokerQueueLimit)
+	fmt.Fprintf(&b, " Highest rate a %d-message queue holds |\n|---|---|", queueroom.DefaultLimit)
 	b.WriteString(strings.Repeat("---|", len(queueRoomRates)+1) + "\n")
 	for _, p := range profiles {
 		bh, _ := failover.BrokerHealthAfter(queueRoomStepDown)
-		r := disclose.NewBridgeReport(failover.Assess(failover.SessionPolicy{
-			Lease: failover.LeaseConfig{DeploymentMode: p.mode}, BrokerHealthStepDown: bh, Activation: mqttDefaults(),
+		r := disclose.NewBridgeReport(p.mode, failover.Assess(failover.SessionPolicy{
+			Lease: p.mode.Lease(failover.LeaseConfig{}), BrokerHealthStepDown: bh, Activation: mqttDefaults(),
 		}))
 		if !r.Admitted {
 			return "", fmt.Errorf("profile %s refused: %v", p.mode, r.Errors)
@@ -287,8 +290,8 @@ func bridgeQueueRoom() (string, error) {
 		}
 		// The largest rate whose messages at risk fit the default queue, to
 		// the hundredth of a message per second.
-		h := int64(float64(failover.DefaultBrokerQueueLimit) / worst.Seconds() * 100)
-		for h > 0 && failover.MessagesAtRisk(float64(h)/100, worst) > failover.DefaultBrokerQueueLimit {
+		h := int64(float64(queueroom.DefaultLimit) / worst.Seconds() * 100)
+		for h > 0 && failover.MessagesAtRisk(float64(h)/100, worst) > queueroom.DefaultLimit {
 			h--
 		}
 		fmt.Fprintf(&b, " %s msg/s |\n", strconv.FormatFloat(float64(h)/100, 'f', -1, 64))

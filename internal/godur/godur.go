@@ -26,3 +26,16 @@ func Parse(s string) (time.Duration, error) {
 	}
 	return d, nil
 }
+
+// Format prints d as operators write it, without zero trailing units
+// (10m, 1h, not 10m0s, 1h0m0s).
+func Format(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

@@ -18,3 +18,15 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+func TestFormat(t *testing.T) {
+	for d, want := range map[time.Duration]string{10 * time.Minute: "10m", time.Hour: "1h", 90 * time.Minute: "1h30m", 30 * time.Second: "30s",
+		100 * time.Millisecond: "100ms", 61 * time.Second: "1m1s", 0: "0s"} {
+		if got := Format(d); got != want {
+			t.Errorf("Format(%v) = %q, want %q", d, got, want)
+		}
+		if back, err := Parse(Format(d)); err != nil || back != d {
+			t.Errorf("Parse(Format(%v)) = %v, %v", d, back, err)
+		}
+	}
+}

@@ -34,7 +34,8 @@ func BenchmarkStore(b *testing.B) {
 // process on one pool at the clustered profile (TTL 45s, renew 10s ± 0.5s,
 // poll 5s ± 25%) and reports CPU and memory. Run with -benchtime=1x.
 func BenchmarkSessions1000Clustered(b *testing.B) {
-	c, _, err := failover.ResolveCadence(failover.LeaseConfig{DeploymentMode: failover.Clustered})
+	c, _, err := failover.ResolveCadence(failover.LeaseConfig{Baseline: failover.Baseline{Name: "clustered", LeaseTTL: 45 * time.Second,
+		RenewInterval: 10 * time.Second, LeaseRenewJitter: time.Second, RenewCallTimeout: 3 * time.Second, StepDownGrace: 5 * time.Second}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 )
 
 // Config is a validated configuration with every default applied.
@@ -74,7 +75,7 @@ type BridgeSettings struct {
 	ID              string
 	InstanceID      string
 	InstanceIDSet   bool // false: derived from the hostname and a random suffix
-	DeploymentMode  failover.DeploymentMode
+	DeploymentMode  leasemode.Mode
 	ShutdownTimeout time.Duration
 	HTTPListen      string
 	DeadLetterPath  string
@@ -151,16 +152,24 @@ type TopicSettings struct {
 	QoS    byte
 }
 
-// SenderSettings is one destination.
+// SenderSettings is one destination: the settings common to every type
+// and, set for its type only, the settings of that type.
 type SenderSettings struct {
 	ID             string
 	Type           string
 	MaxAttempts    int
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
-	Timeout        time.Duration
 
-	// mqtt
+	MQTT  *MQTTSenderSettings
+	HTTP  *HTTPSenderSettings
+	NATS  *NATSSenderSettings
+	Kafka *KafkaSenderSettings
+	File  *FileSenderSettings
+}
+
+// MQTTSenderSettings publishes to another broker.
+type MQTTSenderSettings struct {
 	Broker         string
 	ClientID       string
 	Username       string
@@ -169,17 +178,34 @@ type SenderSettings struct {
 	QoS            byte
 	KeepAlive      time.Duration
 	ConnectTimeout time.Duration
-	// ProtocolVersion is MQTT5 or MQTT311 (mqtt senders only).
+	Timeout        time.Duration
+	// ProtocolVersion is MQTT5 or MQTT311.
 	ProtocolVersion string
-	// http
+}
+
+// HTTPSenderSettings POSTs each message.
+type HTTPSenderSettings struct {
 	URL     string
 	Headers map[string]string
-	// nats
+	Timeout time.Duration
+}
+
+// NATSSenderSettings publishes to NATS.
+type NATSSenderSettings struct {
+	URL           string
 	SubjectPrefix string
-	// kafka
-	KafkaBrokers []string
-	KafkaTopic   string
-	// file
+	Timeout       time.Duration
+}
+
+// KafkaSenderSettings produces to Kafka.
+type KafkaSenderSettings struct {
+	Brokers []string
+	Topic   string
+	Timeout time.Duration
+}
+
+// FileSenderSettings appends JSON lines.
+type FileSenderSettings struct {
 	Path string
 }
 

@@ -207,6 +207,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte("bridge: {id: x}\nsessions: [{id: s, brokers: ['tcp://h:1']}]"))
 	f.Add([]byte("routes: [{lease_ttl: 1h, broker_health_step_down: off}]"))
+	f.Add([]byte("senders: [{id: o, type: http, qos: 1, http: {url: 'http://h', timeout: 1s, qos: 2}, file: {}}]"))
+	f.Add([]byte("bridge: {http: {listen: off}}\nstores: {lease: {type: etcd}}\nopamp: {heartbeat_interval: 1ms}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("fuzz.yaml", data)
 		if err == nil {
@@ -269,5 +271,35 @@ func TestMappingsAndRetain(t *testing.T) {
 	want := []Mapping{{Pattern: "sensors/#", SourcePrefix: "plant/", DestinationPrefix: "site1/"}, {Pattern: "#", SourcePrefix: "lab/"}}
 	if fmt.Sprint(r.Mappings) != fmt.Sprint(want) || r.Retain != "clear" || r.StripPrefix != "" {
 		t.Fatalf("route settings %+v", r)
+	}
+}
+
+// failover names its own fields (LeaseTTL, FailoverSLO, ...); what the
+// bridge reports names the route keys.
+func TestFailoverWordsAreTheBridgesKeys(t *testing.T) {
+	cfg, err := Parse("good.yaml", []byte(edit(t, "    lease_ttl: 10s\n    step_down_grace: 3s\n",
+		"    lease_ttl: 30s\n    renew_interval: 6s\n    lease_renew_jitter: 4s\n    renew_call_timeout: 3s\n    step_down_grace: 5s\n",
+		"failover_slo: 120s", "failover_slo: 300s")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasWarning(cfg.Warnings, `session "plant": lease_renew_jitter reduced from 4s to 1.999999998s so that max_renew_fails × (renew_interval + lease_renew_jitter/2 + renew_call_timeout) stays below lease_ttl (30s)`) {
+		t.Errorf("warnings %q", cfg.Warnings)
+	}
+	for _, c := range []struct{ edits []string }{
+		{[]string{"lease_ttl: 10s", "lease_ttl: 10s\n    renew_interval: 3s\n    renew_call_timeout: 1s", "step_down_grace: 3s", "step_down_grace: 10s"}},
+		{[]string{"broker_health_step_down: 20s", "broker_health_step_down: 0s"}},
+		{[]string{"    broker_health_step_down: 20s\n", "", "failover_slo: 120s", "failover_slo: 10s"}},
+		{[]string{"    rewrite:", "    startup_allowance: 11m\n    rewrite:"}},
+	} {
+		_, err := Parse("bad.yaml", []byte(edit(t, c.edits...)))
+		if err == nil {
+			t.Fatalf("%q accepted", c.edits)
+		}
+		for _, w := range []string{"LeaseTTL", "StepDownGrace", "FailoverSLO", "BrokerHealthStepDown", "StartupAllowance", "RenewInterval", "MaxRenewFails"} {
+			if strings.Contains(err.Error(), w) {
+				t.Errorf("%q: failover's word %s reaches the operator:\n%v", c.edits, w, err)
+			}
+		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,7 +87,7 @@ func Check(name string, data []byte) (*Config, Problems) {
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
 		doc = doc.Content[0]
 	}
-	v.walk(doc, reflect.TypeFor[File](), "")
+	v.walk(doc, &topTable, "")
 
 	var f File
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -121,69 +120,102 @@ func Check(name string, data []byte) (*Config, Problems) {
 	return cfg, v.problems
 }
 
-// walk records the line of every path and reports keys that the schema
+// walk records the line of every path and reports keys that the table
 // does not know, with the keys it does.
-func (v *validator) walk(n *yaml.Node, t reflect.Type, path string) {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
+func (v *validator) walk(n *yaml.Node, t *Table, path string) {
 	if path != "" {
 		v.lines[path] = n.Line
 	}
-	switch t.Kind() {
-	case reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-				return
-			}
-			v.problems = append(v.problems, Problem{File: v.file, Line: n.Line, Path: path, Value: shortValue(n), Rule: "must be a mapping"})
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		v.problems = append(v.problems, Problem{File: v.file, Line: n.Line, Path: path, Value: shortValue(n), Rule: "must be a mapping"})
+		return
+	}
+	if t == &senderTable {
+		v.sender = [2]string{scalar(n, "id"), scalar(n, "type")}
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		p := join(path, k.Value)
+		row, sub, ok := t.child(k.Value, p)
+		if !ok {
+			v.problems = append(v.problems, Problem{File: v.file, Line: k.Line, Path: p, Rule: v.unknown(t, k.Value, path)})
+			continue
+		}
+		if seen[k.Value] {
+			v.problems = append(v.problems, Problem{File: v.file, Line: k.Line, Path: p, Rule: "key appears twice"})
+		}
+		seen[k.Value] = true
+		v.walkValue(val, row, sub, p)
+	}
+}
+
+// walkValue walks the value of one key: a nested mapping (row nil), or
+// the value of row.
+func (v *validator) walkValue(n *yaml.Node, row *Row, sub *Table, path string) {
+	if row == nil || row.Kind == Object {
+		v.walk(n, sub, path)
+		return
+	}
+	v.lines[path] = n.Line
+	switch row.Kind {
+	case Objects, Strings:
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 			return
 		}
-		fields := map[string]reflect.Type{}
-		var names []string
-		for i := range t.NumField() {
-			tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-			if tag == "" || tag == "-" {
-				continue
-			}
-			fields[tag] = t.Field(i).Type
-			names = append(names, tag)
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, val := n.Content[i], n.Content[i+1]
-			p := join(path, k.Value)
-			ft, ok := fields[k.Value]
-			if !ok {
-				slices.Sort(names)
-				v.problems = append(v.problems, Problem{File: v.file, Line: k.Line, Path: p,
-					Rule: fmt.Sprintf("unknown key; %s accepts %s", orRoot(path), strings.Join(names, ", "))})
-				continue
-			}
-			if seen[k.Value] {
-				v.problems = append(v.problems, Problem{File: v.file, Line: k.Line, Path: p, Rule: "key appears twice"})
-			}
-			seen[k.Value] = true
-			v.walk(val, ft, p)
-		}
-	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-				return
-			}
 			v.problems = append(v.problems, Problem{File: v.file, Line: n.Line, Path: path, Value: shortValue(n), Rule: "must be a list"})
 			return
 		}
 		for i, c := range n.Content {
-			v.walk(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if row.Kind == Objects {
+				v.walk(c, row.Table, p)
+			} else {
+				v.lines[p] = c.Line
+			}
 		}
-	case reflect.Map:
+	case StringMap:
 		if n.Kind == yaml.MappingNode {
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				v.lines[join(path, n.Content[i].Value)] = n.Content[i].Line
 			}
 		}
 	}
+}
+
+// unknown is the rule broken by a key that table t does not know. A key of
+// another sender type on a sender says whose it is.
+func (v *validator) unknown(t *Table, key, path string) string {
+	if t == &senderTable || t.SenderType != "" {
+		id, typ := v.sender[0], v.sender[1]
+		var owners []string
+		for _, st := range senderTypes {
+			if _, _, ok := st.child(key, ""); ok && st.SenderType != t.SenderType {
+				owners = append(owners, st.SenderType)
+			}
+		}
+		switch {
+		case t == &senderTable && slices.Contains(owners, typ):
+			return fmt.Sprintf("sender %q (type %s): field %q belongs in its %s block", id, typ, key, typ)
+		case len(owners) > 0:
+			return fmt.Sprintf("sender %q (type %s): field %q belongs to type %s", id, typ, key, orList(owners))
+		}
+	}
+	return fmt.Sprintf("unknown key; %s accepts %s", orRoot(path), strings.Join(t.keys(), ", "))
+}
+
+// scalar returns the value of key in mapping n, or "".
+func scalar(n *yaml.Node, key string) string {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key && n.Content[i+1].Kind == yaml.ScalarNode {
+			return n.Content[i+1].Value
+		}
+	}
+	return ""
 }
 
 func orRoot(path string) string {

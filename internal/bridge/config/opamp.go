@@ -32,11 +32,11 @@ func (v *validator) opamp(o *OpAMP) *OpAMPSettings {
 	if o == nil {
 		return nil
 	}
-	s := &OpAMPSettings{ServerURL: o.ServerURL}
+	vs := v.resolve("opamp", &opampTable, o)
+	s := &OpAMPSettings{ServerURL: o.ServerURL, HeartbeatInterval: vs.dur("heartbeat_interval")}
 	u, err := url.Parse(o.ServerURL)
 	switch {
 	case o.ServerURL == "":
-		v.add("opamp.server_url", nil, "is required")
 	case err != nil || u.Host == "":
 		v.add("opamp.server_url", o.ServerURL, "must be a URL such as wss://myriarchd:4320/v1/opamp")
 	case u.Scheme != "ws" && u.Scheme != "wss" && u.Scheme != "http" && u.Scheme != "https":
@@ -51,10 +51,6 @@ func (v *validator) opamp(o *OpAMP) *OpAMPSettings {
 	s.TLS = v.tls("opamp.tls", o.TLS)
 	if s.TLS != nil && (u == nil || (u.Scheme != "wss" && u.Scheme != "https")) {
 		v.add("opamp.tls", nil, "needs a wss:// or https:// server_url")
-	}
-	s.HeartbeatInterval = v.positive("opamp.heartbeat_interval", o.HeartbeatInterval, 0)
-	if s.HeartbeatInterval != 0 && s.HeartbeatInterval < time.Second {
-		v.add("opamp.heartbeat_interval", o.HeartbeatInterval, "must be at least 1s")
 	}
 	return s
 }

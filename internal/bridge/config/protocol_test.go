@@ -23,8 +23,8 @@ func TestProtocolVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Sessions[0].ProtocolVersion != MQTT311 || cfg.Senders[0].ProtocolVersion != MQTT5 {
-		t.Fatalf("session %q sender %q", cfg.Sessions[0].ProtocolVersion, cfg.Senders[0].ProtocolVersion)
+	if cfg.Sessions[0].ProtocolVersion != MQTT311 || cfg.Senders[0].MQTT.ProtocolVersion != MQTT5 {
+		t.Fatalf("session %q sender %q", cfg.Sessions[0].ProtocolVersion, cfg.Senders[0].MQTT.ProtocolVersion)
 	}
 	// The broker, not the bridge, keeps a 3.1.1 session: check says so.
 	if !hasWarning(cfg.Warnings, `session "plant" speaks MQTT 3.1.1, which has no session expiry interval`) {
@@ -40,8 +40,8 @@ func TestProtocolVersion311SenderOnExclusiveSessionWarns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Senders[0].ProtocolVersion != MQTT311 {
-		t.Fatalf("sender protocol %q", cfg.Senders[0].ProtocolVersion)
+	if cfg.Senders[0].MQTT.ProtocolVersion != MQTT311 {
+		t.Fatalf("sender protocol %q", cfg.Senders[0].MQTT.ProtocolVersion)
 	}
 	if !hasWarning(cfg.Warnings, `route "telemetry-archive": sender "archive" publishes MQTT 3.1.1, which has no user properties: the messages of exclusive session "plant" reach it without the fencing stamp`) {
 		t.Fatalf("no fencing warning: %q", cfg.Warnings)

@@ -33,28 +33,29 @@ func tlsFiles(t *config.TLSSettings) *mqttconn.TLSFiles {
 
 // openSender opens one configured sender.
 func openSender(s config.SenderSettings, instanceID string, log *slog.Logger) (sender.Sender, error) {
-	switch s.Type {
-	case "mqtt":
-		tc, err := mqttconn.TLSConfig(tlsFiles(s.TLS))
+	switch {
+	case s.MQTT != nil:
+		m := s.MQTT
+		tc, err := mqttconn.TLSConfig(tlsFiles(m.TLS))
 		if err != nil {
 			return nil, err
 		}
-		if s.ProtocolVersion == config.MQTT311 {
-			return mqtt311sender.New(mqtt311sender.Config{Broker: s.Broker, ClientID: s.ClientID + "-" + instanceID, Username: s.Username,
-				Password: []byte(s.Password.Reveal()), TLS: tc, QoS: s.QoS, KeepAlive: s.KeepAlive, ConnectTimeout: s.ConnectTimeout,
-				Timeout: s.Timeout, Logger: log}), nil
+		if m.ProtocolVersion == config.MQTT311 {
+			return mqtt311sender.New(mqtt311sender.Config{Broker: m.Broker, ClientID: m.ClientID + "-" + instanceID, Username: m.Username,
+				Password: []byte(m.Password.Reveal()), TLS: tc, QoS: m.QoS, KeepAlive: m.KeepAlive, ConnectTimeout: m.ConnectTimeout,
+				Timeout: m.Timeout, Logger: log}), nil
 		}
-		return mqttsender.New(mqttsender.Config{Broker: s.Broker, ClientID: s.ClientID + "-" + instanceID, Username: s.Username,
-			Password: []byte(s.Password.Reveal()), TLS: tc, QoS: s.QoS, KeepAlive: s.KeepAlive, ConnectTimeout: s.ConnectTimeout,
-			Timeout: s.Timeout, Logger: log}), nil
-	case "http":
-		return httpsender.New(httpsender.Config{URL: s.URL, Headers: s.Headers, Timeout: s.Timeout}), nil
-	case "nats":
-		return natssender.Dial(natssender.Config{URL: s.URL, SubjectPrefix: s.SubjectPrefix, Timeout: s.Timeout, Name: "myriarch-bridge " + instanceID})
-	case "kafka":
-		return kafkasender.Dial(kafkasender.Config{Brokers: s.KafkaBrokers, Topic: s.KafkaTopic, Timeout: s.Timeout})
-	case "file":
-		return filesender.Open(s.Path)
+		return mqttsender.New(mqttsender.Config{Broker: m.Broker, ClientID: m.ClientID + "-" + instanceID, Username: m.Username,
+			Password: []byte(m.Password.Reveal()), TLS: tc, QoS: m.QoS, KeepAlive: m.KeepAlive, ConnectTimeout: m.ConnectTimeout,
+			Timeout: m.Timeout, Logger: log}), nil
+	case s.HTTP != nil:
+		return httpsender.New(httpsender.Config{URL: s.HTTP.URL, Headers: s.HTTP.Headers, Timeout: s.HTTP.Timeout}), nil
+	case s.NATS != nil:
+		return natssender.Dial(natssender.Config{URL: s.NATS.URL, SubjectPrefix: s.NATS.SubjectPrefix, Timeout: s.NATS.Timeout, Name: "myriarch-bridge " + instanceID})
+	case s.Kafka != nil:
+		return kafkasender.Dial(kafkasender.Config{Brokers: s.Kafka.Brokers, Topic: s.Kafka.Topic, Timeout: s.Kafka.Timeout})
+	case s.File != nil:
+		return filesender.Open(s.File.Path)
 	}
 	return nil, fmt.Errorf("unknown sender type %q", s.Type)
 }

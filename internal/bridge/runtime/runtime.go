@@ -143,7 +143,7 @@ func (b *Bridge) InstanceID() string { return b.instanceID }
 // LogBudgets logs, per exclusive session, the numbers `check` discloses.
 func (b *Bridge) LogBudgets() {
 	for _, c := range b.cfg.Exclusive {
-		r := disclose.NewBridgeReport(c.Assessment)
+		r := disclose.NewBridgeReport(b.cfg.Bridge.DeploymentMode, c.Assessment)
 		attrs := []any{"session", c.SessionID, "lease_ttl", c.Assessment.Cadence.LeaseTTL,
 			"renew_interval", c.Assessment.Cadence.RenewInterval, "acquire_poll_interval", c.Assessment.Cadence.AcquirePollInterval,
 			"activation", c.Assessment.Policy.Activation.Bound, "broker_health_step_down", c.Assessment.Policy.BrokerHealthStepDown.String(),
@@ -363,7 +363,7 @@ func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runn
 		// instances would consume it at once; it runs at the baseline.
 		return nil, fmt.Errorf("exclusive session %q is used by no route", s.ID)
 	}
-	rep := disclose.NewBridgeReport(c.Assessment)
+	rep := disclose.NewBridgeReport(cfg.Bridge.DeploymentMode, c.Assessment)
 	rep.SessionID = s.ID
 	r.policy = &rep
 	r.role = "standby"

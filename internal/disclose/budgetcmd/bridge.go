@@ -10,6 +10,8 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 	"github.com/myriarch/myriarch/internal/disclose"
 )
 
@@ -44,7 +46,7 @@ func NewBridgeFlags(name string, output io.Writer) *BridgeFlags {
 	f.brokerHealth = fs.String("broker-health-step-down", "", `"off" or a positive duration; omitted means undeclared`)
 	f.slo = fs.String("failover-slo", "", "declared failover objective (Go duration)")
 	f.peakRate = fs.String("peak-message-rate", "", "declared peak message rate into the session (msg/s): discloses the messages at risk, rate × worst-case budget")
-	f.queueLimit = fs.String("broker-max-queued-messages", "", fmt.Sprintf("the broker's per-session queue limit (0 unlimited); omitted with a rate means %d, the default of mosquitto, EMQX and HiveMQ", failover.DefaultBrokerQueueLimit))
+	f.queueLimit = fs.String("broker-max-queued-messages", "", fmt.Sprintf("the broker's per-session queue limit (0 unlimited); omitted with a rate means %d, the default of mosquitto, EMQX and HiveMQ", queueroom.DefaultLimit))
 	f.JSON = fs.Bool("json", false, "print the stable JSON object")
 	return f
 }
@@ -73,19 +75,18 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 		return d
 	}
 	var p failover.SessionPolicy
-	mode, err := failover.ParseDeploymentMode(*f.mode)
+	mode, err := leasemode.Parse(*f.mode)
 	if err != nil {
-		errs = append(errs, "--deployment-mode: "+err.Error())
+		errs = append(errs, "--deployment-mode (deployment_mode): "+err.Error())
 	}
-	p.Lease = failover.LeaseConfig{
-		DeploymentMode:      mode,
+	p.Lease = mode.Lease(failover.LeaseConfig{
 		LeaseTTL:            dur("lease-ttl", "lease_ttl", *f.ttl, false),
 		RenewInterval:       dur("renew-interval", "renew_interval", *f.interval, false),
 		LeaseRenewJitter:    dur("lease-renew-jitter", "lease_renew_jitter", *f.jitter, true),
 		RenewCallTimeout:    dur("renew-call-timeout", "renew_call_timeout", *f.callTimeout, false),
 		AcquirePollInterval: dur("acquire-poll-interval", "acquire_poll_interval", *f.poll, false),
 		StepDownGrace:       dur("step-down-grace", "step_down_grace", *f.grace, false),
-	}
+	})
 	if *f.mrf != "" {
 		n, err := strconv.Atoi(*f.mrf)
 		if err != nil || n < 1 {
@@ -97,7 +98,7 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 	p.FailoverSLO = dur("failover-slo", "failover_slo", *f.slo, false)
 	p.BrokerHealthStepDown, err = failover.ParseBrokerHealthStepDown(*f.brokerHealth)
 	if err != nil {
-		errs = append(errs, "--broker-health-step-down: "+err.Error())
+		errs = append(errs, "--broker-health-step-down: "+failover.RenameFields(err, leasemode.Keys).Error())
 	}
 	connect := dur("connect-timeout", "connect_timeout", *f.connect, false)
 	reconcile := dur("reconcile-timeout", "reconcile_timeout", *f.reconcile, false)
@@ -135,5 +136,5 @@ func (f *BridgeFlags) AddQueueRoom(r *disclose.BridgeReport) {
 		r.Errors = append(r.Errors, errs...)
 		return
 	}
-	r.WithQueueRoom(failover.AssessQueueRoom(rate, limit, disclose.WorstBudget(r.Assessment())))
+	r.WithQueueRoom(queueroom.Assess(rate, limit, disclose.WorstBudget(r.Assessment())))
 }

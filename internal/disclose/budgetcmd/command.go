@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 	"github.com/myriarch/myriarch/internal/disclose"
 	"github.com/myriarch/myriarch/internal/godur"
 )
@@ -50,10 +51,11 @@ func wantsJSON(args []string) bool {
 func RunBridgeBudget(args []string, stdout, stderr io.Writer) int {
 	f := NewBridgeFlags("myriarch-bridge budget", stderr)
 	p, inputErrs, err := f.Parse(args)
+	mode, _ := leasemode.Parse(*f.mode) // refused by Parse
 	if err != nil {
-		return flagError("myriarch-bridge budget", args, err, disclose.BridgeBudget(p, []string{err.Error()}), stdout, stderr)
+		return flagError("myriarch-bridge budget", args, err, disclose.BridgeBudget(mode, p, []string{err.Error()}), stdout, stderr)
 	}
-	r := disclose.BridgeBudget(p, inputErrs)
+	r := disclose.BridgeBudget(mode, p, inputErrs)
 	f.AddQueueRoom(&r)
 	return report(*f.JSON, r, func() { disclose.WriteBridgeTable(stdout, r) }, r.Errors, r.Admitted, stdout, stderr)
 }

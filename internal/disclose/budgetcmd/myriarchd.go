@@ -8,6 +8,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/disclose"
+	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
 // LeaderFlags are the inputs of `myriarchd budget`.
@@ -25,7 +26,7 @@ type LeaderInputs struct {
 
 // DefaultLeaderInputs are the shipped defaults.
 func DefaultLeaderInputs() LeaderInputs {
-	return LeaderInputs{failover.DefaultLeaderSessionTimeout, failover.DefaultShutdownTimeout, failover.DefaultPreStopSleep}
+	return LeaderInputs{failover.DefaultLeaderSessionTimeout, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep}
 }
 
 // NewLeaderFlags defines the flags of `myriarchd budget`, starting from in.

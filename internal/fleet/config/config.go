@@ -193,6 +193,26 @@ type Log struct {
 	Format string
 }
 
+// Shutdown sizing of myriarchd (spec "Size the shutdown"); the arithmetic
+// is failover.TerminationGracePeriod.
+const (
+	// FinalFlushDeadline bounds the OpAMP server's last flush of last-seen
+	// times and events and the offline marking of its agents.
+	FinalFlushDeadline = 15 * time.Second
+	// DefaultShutdownTimeout is server.shutdownTimeout's default.
+	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultPreStopSleep is the Helm chart's preStopSleepSeconds.
+	DefaultPreStopSleep = 10 * time.Second
+)
+
+// TerminationGracePeriod is the smallest terminationGracePeriodSeconds (or
+// systemd TimeoutStopSec) that covers myriarchd's slowest planned stop:
+// preStopSleepSeconds + 2 × server.shutdownTimeout + 15 + 5, rounded up to
+// whole seconds.
+func TerminationGracePeriod(preStopSleep, shutdownTimeout time.Duration) (time.Duration, error) {
+	return failover.TerminationGracePeriod(preStopSleep, shutdownTimeout, FinalFlushDeadline)
+}
+
 // Setting describes one key of the settings table.
 type Setting struct {
 	Key     string
@@ -214,7 +234,7 @@ func EnvName(key string) string {
 }
 
 func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(*Config) *time.Duration) Setting {
-	rule := fmt.Sprintf("must be a duration within [%s, %s]", fmtDur(lo), fmtDur(hi))
+	rule := fmt.Sprintf("must be a duration within [%s, %s]", godur.Format(lo), godur.Format(hi))
 	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
 		d, err := godur.Parse(v)
 		if err != nil {
@@ -226,18 +246,6 @@ func durSetting(key, def string, lo, hi time.Duration, meaning string, dst func(
 		*dst(c) = d
 		return nil
 	}}
-}
-
-// fmtDur prints a duration without zero trailing units (10m, not 10m0s).
-func fmtDur(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 func intSetting(key, def string, lo, hi int64, meaning string, dst func(*Config) *int64) Setting {
@@ -328,7 +336,7 @@ var Settings = []Setting{
 		"Advisory lock key; change it only if another application on the same database uses it.", func(c *Config) *int64 { return &c.HA.LeaderLockKey }),
 	strSetting("ha.replicaId", "", "must be at most 128 characters", "Name of this replica in the registry; empty means the host name.",
 		func(s string) bool { return len(s) <= 128 }, func(c *Config) *string { return &c.HA.ReplicaID }),
-	durSetting("server.shutdownTimeout", "30s", time.Second, 10*time.Minute,
+	durSetting("server.shutdownTimeout", godur.Format(DefaultShutdownTimeout), time.Second, 10*time.Minute,
 		"Time to drain on a planned stop (each of the two drain phases).", func(c *Config) *time.Duration { return &c.Server.ShutdownTimeout }),
 	strSetting("server.opampListen", ":4320", "must be host:port", "Listen address of the OpAMP server (WebSocket and plain HTTP).",
 		listenAddr, func(c *Config) *string { return &c.Server.OpAMPListen }),

@@ -48,18 +48,18 @@ func TestHelmDefaultsFollowTheSpec(t *testing.T) {
 		t.Fatalf("chart config %+v differs from the defaults", v.Config)
 	}
 	shutdown, _ := time.ParseDuration(v.Config.Server["shutdownTimeout"].(string))
-	g, err := failover.TerminationGracePeriod(time.Duration(v.PreStopSleepSeconds)*time.Second, shutdown)
-	if err != nil || g != 90*time.Second || failover.DefaultPreStopSleep != 10*time.Second || v.PreStopSleepSeconds != 10 {
+	g, err := TerminationGracePeriod(time.Duration(v.PreStopSleepSeconds)*time.Second, shutdown)
+	if err != nil || g != 90*time.Second || DefaultPreStopSleep != 10*time.Second || v.PreStopSleepSeconds != 10 {
 		t.Fatalf("grace %v %v (preStop %d)", g, err, v.PreStopSleepSeconds)
 	}
 	// That the template computes the same formula, for any shutdownTimeout,
 	// is checked by rendering it: deploy/chart_test.go.
-	if failover.FinalFlushDeadline != 15*time.Second || failover.LeaderReleaseBound != 5*time.Second {
+	if FinalFlushDeadline != 15*time.Second || failover.LeaderReleaseBound != 5*time.Second {
 		t.Fatal("the chart hard-codes 15 and 5")
 	}
 	// systemd: no preStop sleep, so 2 × 30 + 15 + 5 = 80.
 	unit, _ := os.ReadFile("../../../deploy/systemd/myriarchd.service")
-	g, _ = failover.TerminationGracePeriod(0, shutdown)
+	g, _ = TerminationGracePeriod(0, shutdown)
 	if m := regexp.MustCompile(`(?m)^TimeoutStopSec=(\d+)$`).FindStringSubmatch(string(unit)); m == nil || m[1] != "80" || g != 80*time.Second {
 		t.Fatalf("systemd TimeoutStopSec %v, formula %v", m, g)
 	}

@@ -357,7 +357,7 @@ func (d *Daemon) shutdown() error {
 	<-d.bgDone
 	d.log.Info("agent connections closed", "took", time.Since(t))
 	t = phase(PhaseFinalFlush)
-	ctx, cancel = context.WithTimeout(context.Background(), failover.FinalFlushDeadline)
+	ctx, cancel = context.WithTimeout(context.Background(), config.FinalFlushDeadline)
 	if err := d.OpAMP.FinalFlush(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("final flush: %w", err))
 	}

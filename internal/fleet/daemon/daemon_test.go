@@ -392,10 +392,10 @@ func TestDrainTimeoutsDoNotStopTheLaterPhases(t *testing.T) {
 	}
 	// ... and the later phases kept their own bounds, so the whole stop fits
 	// terminationGracePeriodSeconds without the preStop sleep.
-	if took[PhaseFinalFlush] > failover.FinalFlushDeadline || took[PhaseLeaderRelease]+took[PhaseClose] > failover.LeaderReleaseBound {
+	if took[PhaseFinalFlush] > config.FinalFlushDeadline || took[PhaseLeaderRelease]+took[PhaseClose] > failover.LeaderReleaseBound {
 		t.Errorf("a phase exceeded its bound: %v", took)
 	}
-	grace, err := failover.TerminationGracePeriod(0, shutdownTimeout)
+	grace, err := config.TerminationGracePeriod(0, shutdownTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,132 @@
+package config
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The tables and the raw types of raw.go name the same keys with
+// compatible types: the walk (tables) and the decoder (raw types) must
+// accept the same documents.
+func TestTablesMatchRawTypes(t *testing.T) {
+	checkTable(t, &topTable, reflect.TypeFor[File](), "")
+}
+
+func checkTable(t *testing.T, tab *Table, typ reflect.Type, path string) {
+	t.Helper()
+	for typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	var tags []string
+	for i := range typ.NumField() {
+		if tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ","); tag != "" && tag != "-" {
+			tags = append(tags, tag)
+		}
+	}
+	slices.Sort(tags)
+	if keys := tab.keys(); !slices.Equal(keys, tags) {
+		t.Errorf("%s: table keys %v, raw type %s has %v", orRoot(path), keys, typ, tags)
+		return
+	}
+	for _, k := range tags {
+		ft := typ.Field(fieldIndex(typ, k)).Type
+		p := join(path, k)
+		row, sub, _ := tab.child(k, p)
+		switch {
+		case row == nil || row.Kind == Object:
+			checkTable(t, sub, ft, p)
+		case row.Kind == Objects:
+			checkTable(t, row.Table, ft.Elem(), p+"[]")
+		default:
+			want := map[Kind][]reflect.Kind{String: {reflect.String}, Duration: {reflect.String}, Int: {reflect.Int}, Number: {reflect.Float64},
+				Bool: {reflect.Bool}, Strings: {reflect.Slice}, StringMap: {reflect.Map}}[row.Kind]
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if !slices.Contains(want, ft.Kind()) {
+				t.Errorf("%s: row kind %s, raw field type %s", p, row.Kind, ft)
+			}
+		}
+	}
+}
+
+// Every row's default is a value its own rule accepts, and the engine's
+// rule texts are set for every rule a row declares.
+func TestRowDefaultsPassTheirRules(t *testing.T) {
+	for _, ref := range Reference {
+		for _, r := range ref.Table.Rows {
+			if r.Default == "" {
+				continue
+			}
+			var raw any = r.Default
+			switch r.Kind {
+			case Int, Number, Bool:
+				raw = r.defaultValue()
+			}
+			if _, rule := r.check(raw); rule != "" {
+				t.Errorf("%s.%s: default %q breaks its rule: %s", ref.Name, r.Key, r.Default, rule)
+			}
+			if r.Rule.Required != "" {
+				t.Errorf("%s.%s: a required key with a default", ref.Name, r.Key)
+			}
+		}
+	}
+}
+
+// A key of another sender type is refused naming the sender, the key and
+// the type it belongs to, in the block of the wrong type and beside the
+// blocks; the config is not half-accepted.
+func TestSenderFieldOfAnotherType(t *testing.T) {
+	for _, c := range []struct{ name, sender, want string }{
+		{"in the block", `{id: out, type: http, http: {url: "http://h:1/x", qos: 1}}`,
+			`bad.yaml:26: senders[1].http.qos: sender "out" (type http): field "qos" belongs to type mqtt`},
+		{"beside the block", `{id: out, type: http, qos: 1, http: {url: "http://h:1/x"}}`,
+			`senders[1].qos: sender "out" (type http): field "qos" belongs to type mqtt`},
+		{"its own field beside its block", `{id: out, type: kafka, topic: t, kafka: {brokers: ["h:1"], topic: t}}`,
+			`senders[1].topic: sender "out" (type kafka): field "topic" belongs in its kafka block`},
+		{"shared by several types", `{id: out, type: file, file: {path: /tmp/x, timeout: 1s}}`,
+			`senders[1].file.timeout: sender "out" (type file): field "timeout" belongs to type mqtt, http, nats or kafka`},
+		{"truly unknown", `{id: out, type: file, file: {path: /tmp/x, colour: red}}`,
+			`senders[1].file.colour: unknown key; senders[1].file accepts path`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			y := edit(t, "    file: {path: /tmp/archive.jsonl}\n", "    file: {path: /tmp/archive.jsonl}\n  - "+c.sender+"\n")
+			cfg, err := Parse("bad.yaml", []byte(y))
+			if err == nil || cfg != nil {
+				t.Fatalf("accepted: %+v", cfg)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("missing %q in:\n%v", c.want, err)
+			}
+		})
+	}
+}
+
+// Each sender type's settings arrive in its own struct, the others nil.
+func TestPerTypeSenderSettings(t *testing.T) {
+	y := edit(t, "    file: {path: /tmp/archive.jsonl}\n", `    file: {path: /tmp/archive.jsonl}
+  - {id: m, type: mqtt, mqtt: {broker: "tcp://h:1883", qos: 0}}
+  - {id: h, type: http, http: {url: "https://h/x", headers: {A: b}, timeout: 2s}}
+  - {id: n, type: nats, nats: {url: "nats://h:4222", subject_prefix: p}}
+  - {id: k, type: kafka, kafka: {brokers: ["h:9092"], topic: t}}
+`)
+	cfg, err := Parse("good.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, m, h, n, k := cfg.Sender("archive"), cfg.Sender("m"), cfg.Sender("h"), cfg.Sender("n"), cfg.Sender("k")
+	switch {
+	case f.File == nil || f.File.Path != "/tmp/archive.jsonl" || f.MQTT != nil || f.HTTP != nil:
+		t.Errorf("file sender %+v", f)
+	case m.MQTT == nil || m.MQTT.QoS != 0 || m.MQTT.ClientID != "plant-bridge-m" || m.MQTT.Timeout != DefaultSenderTimeout || m.MQTT.ProtocolVersion != MQTT5 || m.File != nil:
+		t.Errorf("mqtt sender %+v %+v", m, m.MQTT)
+	case h.HTTP == nil || h.HTTP.Headers["A"] != "b" || h.HTTP.Timeout.Seconds() != 2 || h.MQTT != nil:
+		t.Errorf("http sender %+v", h)
+	case n.NATS == nil || n.NATS.SubjectPrefix != "p" || n.NATS.Timeout != DefaultSenderTimeout:
+		t.Errorf("nats sender %+v", n)
+	case k.Kafka == nil || k.Kafka.Topic != "t" || len(k.Kafka.Brokers) != 1 || k.MaxAttempts != DefaultRetryAttempts:
+		t.Errorf("kafka sender %+v", k)
+	}
+}

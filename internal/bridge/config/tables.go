@@ -1,0 +1,213 @@
+package config
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/bridge/activation"
+	"github.com/myriarch/myriarch/internal/godur"
+)
+
+// The tables of the configuration file, one per kind of YAML object. The
+// raw types of raw.go decode the same keys (a test holds the two equal);
+// docs/bridge.md shows these rows (make docs).
+
+var topTable = Table{Name: "the top level", Rows: []Row{
+	{Key: "bridge", Kind: Object, Table: &bridgeTable, Meaning: "the process-wide block"},
+	{Key: "stores.lease", Kind: Object, Table: &leaseStoreTable, Meaning: "the lease store"},
+	{Key: "sessions", Kind: Objects, Table: &sessionTable, Rule: Rule{Required: "at least one session is required"}, Meaning: "the MQTT connections"},
+	{Key: "receivers", Kind: Objects, Table: &receiverTable, Rule: Rule{Required: "at least one receiver is required"}, Meaning: "subscriptions on the sessions"},
+	{Key: "senders", Kind: Objects, Table: &senderTable, Rule: Rule{Required: "at least one sender is required"}, Meaning: "the destinations"},
+	{Key: "routes", Kind: Objects, Table: &routeTable, Rule: Rule{Required: "at least one route is required"}, Meaning: "receivers to senders"},
+	{Key: "opamp", Kind: Object, Table: &opampTable, Meaning: "the bridge as an agent of myriarchd"},
+}}
+
+var bridgeTable = Table{Name: "bridge", Rows: []Row{
+	{Key: "id", Kind: String, Rule: Rule{Required: "is required: it names this bridge in logs, metrics and lease keys", Format: "id"},
+		Meaning: "names this bridge in logs, metrics and lease keys (`<id>/<session id>`)"},
+	{Key: "instance_id", Kind: String, DefaultDoc: "hostname + random suffix", Rule: Rule{Format: "id"},
+		Meaning: "this process; the lease owner is `instance_id#<boot nonce>`"},
+	{Key: "deployment_mode", Kind: String, Default: "standalone", Rule: Rule{OneOf: []string{"standalone", "clustered"}},
+		Meaning: "picks the lease baseline (see `docs/failover-budget.md`)"},
+	{Key: "shutdown_timeout", Kind: Duration, Default: godur.Format(DefaultShutdownTimeout), Rule: Rule{Positive: true},
+		Meaning: "graceful stop: intake stops, in-flight messages drain, leases are released (each only after its session's messages settled, see \"Planned stop\" under `run`); then everything is cut"},
+	{Key: "http.listen", Kind: String, Default: DefaultHTTPListen, Rule: Rule{Format: "listen"},
+		Meaning: "address of `/live`, `/ready`, `/status`, `/metrics`; `off` disables"},
+	{Key: "dead_letter.path", Kind: String, DefaultDoc: "`" + DefaultDeadLetterPath + "` next to the config",
+		Meaning: "where messages go after a sender's retries are spent"},
+	{Key: "state_dir", Kind: String, DefaultDoc: "the config's directory",
+		Meaning: "per session, `<bridge id>-<session id>.subscriptions.json`: the filters the broker session holds, so that filters removed from the config are unsubscribed when the session is resumed"},
+}}
+
+var leaseStoreTable = Table{Name: "stores.lease", Rows: []Row{
+	{Key: "type", Kind: String, Default: leaseStoreSQLite, Rule: Rule{OneOf: []string{leaseStoreSQLite, leaseStorePostgres, leaseStoreEtcd}},
+		Meaning: "`sqlite` is local to one host; `postgres` and `etcd` are shared by a cluster"},
+	{Key: "path", Kind: String, DefaultDoc: "`" + DefaultLeaseStorePath + "` next to the config",
+		Meaning: "sqlite only: the database file, shared by the bridge processes of one host"},
+	{Key: "dsn", Kind: String, Meaning: "postgres only: the PostgreSQL connection string (required, or `dsn_file`)"},
+	{Key: "dsn_file", Kind: String, Meaning: "postgres only: a file holding the connection string, instead of `dsn`"},
+	{Key: "endpoints", Kind: Strings, Meaning: "etcd only: the etcd endpoints (at least one)"},
+	{Key: "prefix", Kind: String, Meaning: "etcd and postgres: the key prefix of the leases"},
+}}
+
+var tlsTable = Table{Name: "tls", Rows: []Row{
+	{Key: "ca_file", Kind: String, DefaultDoc: "the system roots", Meaning: "PEM file of the CAs that sign the server's certificate"},
+	{Key: "cert_file", Kind: String, Meaning: "PEM client certificate; set together with `key_file`"},
+	{Key: "key_file", Kind: String, Meaning: "PEM key of the client certificate"},
+	{Key: "server_name", Kind: String, DefaultDoc: "the URL's host", Meaning: "the name the server's certificate must carry"},
+	{Key: "insecure_skip_verify", Kind: Bool, Default: "false", Meaning: "skip the check of the server's certificate (tests only)"},
+}}
+
+var protocolVersionRule = Rule{OneOf: []string{MQTT5, MQTT311}, Says: "must be 5 or 3.1.1 (the MQTT version to speak to the broker)"}
+
+var sessionTable = Table{Name: "sessions[]", Rows: []Row{
+	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "session name"},
+	{Key: "transport", Kind: String, Default: "mqtt", Rule: Rule{OneOf: []string{"mqtt"}}, Meaning: "only MQTT (Eclipse Paho)"},
+	{Key: "protocol_version", Kind: String, Default: MQTT5, Rule: protocolVersionRule,
+		Meaning: "the MQTT version spoken to the broker (see \"MQTT features\" for what 3.1.1 cannot carry)"},
+	{Key: "session_mode", Kind: String, Default: Ephemeral, Rule: Rule{OneOf: []string{Ephemeral, Persistent, Exclusive}},
+		Meaning: "`ephemeral` (clean session), `persistent` (resumed broker session), `exclusive` (persistent, served by one lease holder at a time)"},
+	{Key: "brokers", Kind: Strings, Rule: Rule{Required: "at least one broker URL is required", Format: "mqtt-url"}, Meaning: "tried in turn"},
+	{Key: "client_id", Kind: String, DefaultDoc: "`<bridge id>-<session id>`; required when exclusive",
+		Meaning: "at most 184 bytes; an exclusive session uses the same client_id on every instance, so the successor resumes the broker session and receives what queued"},
+	{Key: "client_id_suffix", Kind: String, Rule: Rule{OneOf: []string{"instance"}, Says: `must be "instance" or omitted`},
+		Meaning: "`instance` appends `-<instance_id>`; refused for exclusive sessions, required for non-exclusive sessions in clustered mode"},
+	{Key: "clean_start", Kind: Bool, DefaultDoc: "`true` for ephemeral, else `false`", Meaning: "`true` is refused for persistent and exclusive sessions"},
+	{Key: "session_expiry_interval", Kind: Duration, DefaultDoc: "`" + godur.Format(DefaultSessionExpiry) + "` (`0s` for ephemeral)",
+		Rule:    Rule{Max: strconv.FormatInt(int64(maxSessionExpiry/time.Second), 10) + "s", Whole: true},
+		Meaning: "positive unless ephemeral; for an exclusive session at least the worst-case failover budget, or the broker discards the queue before the successor arrives; refused with `protocol_version: 3.1.1`"},
+	{Key: "keep_alive", Kind: Duration, Default: godur.Format(DefaultKeepAlive),
+		Rule:    Rule{Min: minKeepAlive.String(), Max: maxKeepAlive.String(), Whole: true, ZeroOK: true, Says: "must be whole seconds between 1s and 65535s, or 0s to disable"},
+		Meaning: "MQTT keep-alive; also how fast a dead broker path is noticed"},
+	{Key: "username", Kind: String, Meaning: "MQTT user name"},
+	{Key: "password_file", Kind: String, Meaning: "file holding the MQTT password (not with `password_env`)"},
+	{Key: "password_env", Kind: String, Meaning: "environment variable holding the MQTT password (not with `password_file`)"},
+	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS, see `tls:`"},
+	{Key: "connect_timeout", Kind: Duration, Default: godur.Format(activation.DefaultMQTTConnectTimeout), Rule: Rule{Positive: true},
+		Meaning: "bounds each connect attempt (dial, TLS, CONNECT/CONNACK)"},
+	{Key: "reconcile_timeout", Kind: Duration, Default: godur.Format(activation.DefaultMQTTReconcileTimeout), Rule: Rule{Positive: true},
+		Meaning: "bounds each SUBSCRIBE/UNSUBSCRIBE wait"},
+	{Key: "unmatched_grace", Kind: Duration, Default: godur.Format(activation.DefaultMQTTUnmatchedGrace), Rule: Rule{Positive: true},
+		Meaning: "after activation, how long messages of filters no longer configured count as residue (acknowledged and dropped quietly); later ones are logged"},
+	{Key: "receive_maximum", Kind: Int, Default: strconv.Itoa(DefaultReceiveMaximum), Rule: Rule{Min: "1", Max: strconv.Itoa(maxReceiveMaximum)},
+		Meaning: "MQTT receive maximum: how many unacknowledged messages the broker may send; refused with `protocol_version: 3.1.1`"},
+	{Key: "broker_max_queued_messages", Kind: Int, DefaultDoc: "not declared (1000 assumed when a route declares `peak_message_rate`)",
+		Rule:    Rule{Min: "0", Says: "must be 0 (the broker queues without limit) or a positive number of messages"},
+		Meaning: "the broker's per-session queue limit (0 = unlimited); an exclusive session's queue must hold `messages_at_risk`, see \"Queue room\""},
+}}
+
+var receiverTable = Table{Name: "receivers[]", Rows: []Row{
+	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "receiver name"},
+	{Key: "session", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "the session it subscribes on"},
+	{Key: "topics", Kind: Objects, Table: &topicTable, Rule: Rule{Required: "at least one topic filter is required"}, Meaning: "the subscriptions, see `topics:`"},
+}}
+
+var topicTable = Table{Name: "topics[]", Rows: []Row{
+	{Key: "filter", Kind: String, Rule: Rule{Required: "must not be empty", Format: "filter"},
+		Meaning: "in clustered mode a filter on a non-exclusive session must be `$share/`, or every instance would receive and deliver every message"},
+	{Key: "qos", Kind: Int, Default: "1", Rule: Rule{OneOf: []string{"0", "1", "2"}}, Meaning: "the subscription's QoS"},
+}}
+
+// senderTypes are the sender types, each with the table of its block.
+var senderTypes = []*Table{&mqttSenderTable, &httpSenderTable, &natsSenderTable, &kafkaSenderTable, &fileSenderTable}
+
+var senderTable = Table{Name: "senders[]", Rows: []Row{
+	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "sender name"},
+	{Key: "type", Kind: String, Rule: Rule{Required: "must be mqtt, http, nats, kafka or file", OneOf: []string{senderMQTT, senderHTTP, senderNATS, senderKafka, senderFile}},
+		Meaning: "the destination; the block of the same name holds its settings"},
+	{Key: "retry.max_attempts", Kind: Int, Default: strconv.Itoa(DefaultRetryAttempts), Rule: Rule{Min: "1"}, Meaning: "deliveries tried before the message is dead-lettered"},
+	{Key: "retry.initial_backoff", Kind: Duration, Default: godur.Format(DefaultInitialBackoff), Rule: Rule{Positive: true}, Meaning: "wait before the first retry; doubled each time"},
+	{Key: "retry.max_backoff", Kind: Duration, Default: godur.Format(DefaultMaxBackoff), Rule: Rule{Positive: true}, Meaning: "the longest wait between retries; not below `initial_backoff`"},
+	{Key: senderMQTT, Kind: Object, Table: &mqttSenderTable, Meaning: "type mqtt only, see `mqtt:`"},
+	{Key: senderHTTP, Kind: Object, Table: &httpSenderTable, Meaning: "type http only, see `http:`"},
+	{Key: senderNATS, Kind: Object, Table: &natsSenderTable, Meaning: "type nats only, see `nats:`"},
+	{Key: senderKafka, Kind: Object, Table: &kafkaSenderTable, Meaning: "type kafka only, see `kafka:`"},
+	{Key: senderFile, Kind: Object, Table: &fileSenderTable, Meaning: "type file only, see `file:`"},
+}}
+
+// timeoutRow is the timeout of one delivery, common to four sender types.
+func timeoutRow(r Rule) Row {
+	r.Positive = true
+	return Row{Key: "timeout", Kind: Duration, Default: godur.Format(DefaultSenderTimeout), Rule: r,
+		Meaning: "bounds one delivery: a POST, a flush round trip, a PUBACK wait, a Kafka record including the client's own retries"}
+}
+
+var mqttSenderTable = Table{Name: "mqtt", SenderType: senderMQTT, Rows: []Row{
+	{Key: "broker", Kind: String, Rule: Rule{Required: "is required", Format: "mqtt-url"}, Meaning: "the broker it publishes to"},
+	{Key: "client_id", Kind: String, DefaultDoc: "`<bridge id>-<sender id>`", Meaning: "`-<instance_id>` is appended"},
+	{Key: "username", Kind: String, Meaning: "MQTT user name"},
+	{Key: "password_file", Kind: String, Meaning: "file holding the MQTT password (not with `password_env`)"},
+	{Key: "password_env", Kind: String, Meaning: "environment variable holding the MQTT password (not with `password_file`)"},
+	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS, see `tls:`"},
+	{Key: "qos", Kind: Int, Default: "1", Rule: Rule{OneOf: []string{"0", "1", "2"}}, Meaning: "accepted when the PUBACK arrives (QoS 1) or the PUBCOMP (QoS 2); QoS 0 when written"},
+	{Key: "keep_alive", Kind: Duration, Default: godur.Format(DefaultKeepAlive), Meaning: "MQTT keep-alive"},
+	{Key: "connect_timeout", Kind: Duration, Default: godur.Format(activation.DefaultMQTTConnectTimeout), Rule: Rule{Positive: true}, Meaning: "bounds each connect attempt"},
+	timeoutRow(Rule{}),
+	{Key: "protocol_version", Kind: String, Default: MQTT5, Rule: protocolVersionRule, Meaning: "the MQTT version spoken to the broker; 3.1.1 carries no fencing stamp and no hop stamp"},
+}}
+
+var httpSenderTable = Table{Name: "http", SenderType: senderHTTP, Rows: []Row{
+	{Key: "url", Kind: String, Rule: Rule{Required: "must be an http:// or https:// URL", Format: "http-url"}, Meaning: "each message is POSTed here; accepted on a 2xx answer; the topic is in `X-Myriarch-Topic`"},
+	{Key: "headers", Kind: StringMap, Meaning: "headers added to each POST"},
+	timeoutRow(Rule{}),
+}}
+
+var natsSenderTable = Table{Name: "nats", SenderType: senderNATS, Rows: []Row{
+	{Key: "url", Kind: String, Rule: Rule{Required: "must be a nats:// or tls:// URL", Format: "nats-url"}, Meaning: "the NATS server; accepted on a flush round trip after the batch"},
+	{Key: "subject_prefix", Kind: String, Meaning: "prepended to the subject (`/` in topics becomes `.`)"},
+	timeoutRow(Rule{}),
+}}
+
+var kafkaSenderTable = Table{Name: "kafka", SenderType: senderKafka, Rows: []Row{
+	{Key: "brokers", Kind: Strings, Rule: Rule{Required: "at least one host:port is required"}, Meaning: "seed brokers, `host:port`"},
+	{Key: "topic", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "the Kafka topic; the MQTT topic is the record key"},
+	timeoutRow(Rule{Min: "1s", Says: "must be at least 1s (the Kafka client's minimum record delivery timeout)"}),
+}}
+
+var fileSenderTable = Table{Name: "file", SenderType: senderFile, Rows: []Row{
+	{Key: "path", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "JSON lines are appended here"},
+}}
+
+var routeTable = Table{Name: "routes[]", Rows: []Row{
+	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "route name"},
+	{Key: "receiver", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "where messages come from"},
+	{Key: "senders", Kind: Strings, Rule: Rule{Required: "at least one sender is required"}, Meaning: "where they go; a message is acknowledged when every sender accepted it"},
+	{Key: "rewrite.strip_prefix", Kind: String, Meaning: "removed from the start of the topic"},
+	{Key: "rewrite.add_prefix", Kind: String, Rule: Rule{Format: "topic-prefix"}, Meaning: "put before the topic (after strip_prefix)"},
+	{Key: "mappings", Kind: Objects, Table: &mappingTable,
+		Meaning: "instead of `rewrite`, like mosquitto's bridge `topic` lines: the route takes only messages on `source_prefix` + a topic matching `pattern`, and the first mapping that matches delivers them as `destination_prefix` + that topic (see \"MQTT features\")"},
+	{Key: "retain", Kind: String, Default: "keep", Rule: Rule{OneOf: []string{"keep", "clear", "drop"}},
+		Meaning: "messages with the retain flag: `keep` forwards them retained, `clear` forwards them without the flag (the destination stores nothing), `drop` acknowledges them without forwarding (see \"MQTT features\")"},
+	{Key: "loop_peer", Kind: String,
+		Meaning: "the route of the opposite direction between the same two brokers; the two must name each other and deliver only to MQTT 5 `mqtt` senders; each stamps what it publishes and drops what its peer published, so that the pair does not echo (see \"MQTT features\")"},
+	{Key: "max_in_flight", Kind: Int, Default: strconv.Itoa(DefaultMaxInFlight), Rule: Rule{Min: "1", Max: strconv.Itoa(1 << 20)},
+		Meaning: "messages the route holds; a full route stops intake (backpressure)"},
+	{Key: "lease_ttl", Kind: Duration, DefaultDoc: "baseline of `deployment_mode`", Meaning: "exclusive sessions only: the lease's time to live (see `docs/failover-budget.md`)"},
+	{Key: "renew_interval", Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the lease cadence"},
+	{Key: "lease_renew_jitter", Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the lease cadence"},
+	{Key: "renew_call_timeout", Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the lease cadence"},
+	{Key: "acquire_poll_interval", Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the standby's poll"},
+	{Key: "max_renew_fails", Kind: Int, DefaultDoc: "baseline of `deployment_mode`", Rule: Rule{Min: "0"}, Meaning: "exclusive sessions only: the lease cadence"},
+	{Key: "step_down_grace", Kind: Duration, DefaultDoc: "baseline of `deployment_mode`", Meaning: "exclusive sessions only: below `lease_ttl`"},
+	{Key: "connect_after_lease", Kind: Bool, Default: "true", Meaning: "exclusive sessions only: the session connects only while it holds the lease; `false` is refused"},
+	{Key: "failover_slo", Kind: Duration, DefaultDoc: "none", Rule: Rule{Positive: true}, Meaning: "exclusive sessions only: the objective both failover budgets must fit"},
+	{Key: "broker_health_step_down", Kind: String, DefaultDoc: "omitted", Rule: Rule{Says: `must be "off" or a positive duration`},
+		Meaning: "exclusive sessions only: `off`, or how long an owner's broker path may stay lost before it releases the lease; must be answered when `failover_slo` is declared"},
+	{Key: "startup_allowance", Kind: Duration, Default: "0s", Meaning: "exclusive sessions only: added to both budgets, within [0s, 10m]"},
+	{Key: "peak_message_rate", Kind: Number, DefaultDoc: "not declared", Rule: Rule{Min: "0", Says: "must be a positive number of messages per second, or omitted"},
+		Meaning: "exclusive sessions only: the route's peak message rate (msg/s); admission refuses a broker queue smaller than rate × worst-case budget (see \"Queue room\")"},
+}}
+
+var mappingTable = Table{Name: "mappings[]", Rows: []Row{
+	{Key: "pattern", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "topic filter below `source_prefix`"},
+	{Key: "source_prefix", Kind: String, Rule: Rule{Format: "topic-prefix"}, Meaning: "the prefix of the source topics"},
+	{Key: "destination_prefix", Kind: String, Rule: Rule{Format: "topic-prefix"}, Meaning: "replaces `source_prefix` on delivery"},
+}}
+
+var opampTable = Table{Name: "opamp", Rows: []Row{
+	{Key: "server_url", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "myriarchd's OpAMP endpoint: `ws://`, `wss://`, `http://` or `https://`, without credentials"},
+	{Key: "enrollment_secret_file", Kind: String, Meaning: "file holding the enrollment secret (or `enrollment_secret_env`; one is required)"},
+	{Key: "enrollment_secret_env", Kind: String, Meaning: "environment variable holding the enrollment secret"},
+	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "for `wss://` and `https://`, see `tls:`"},
+	{Key: "heartbeat_interval", Kind: Duration, DefaultDoc: "opamp-go's 30s", Rule: Rule{Positive: true, Min: "1s", Says: "must be at least 1s"}, Meaning: "how often the agent reports when nothing changed"},
+}}
