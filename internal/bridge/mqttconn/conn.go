@@ -90,7 +90,8 @@ func Dial(ctx context.Context, broker string, tlsCfg *tls.Config) (*Conn, error)
 // unit even when several goroutines write.
 type Conn struct {
 	net.Conn
-	r *bufio.Reader
+	r       *bufio.Reader
+	scratch []byte // ReadPacket's body of packets other than PUBLISH
 
 	packet sync.Mutex // held across the parts of one packet (sync.Locker)
 
