@@ -15,15 +15,6 @@ import (
 // packets.ControlPacket.WriteTo about eight); every other packet goes
 // through paho.golang's codec (Parse, and WriteTo on a packets type).
 
-// WritePacket queues one whole encoded packet (see Write); it never
-// interleaves with the parts of a packet that paho.golang's codec writes.
-func (c *Conn) WritePacket(b []byte) error {
-	c.packet.Lock()
-	defer c.packet.Unlock()
-	_, err := c.Write(b)
-	return err
-}
-
 // ReadPacket reads one packet and returns its fixed header's first byte
 // (type and flags) and its body. The body of a PUBLISH is newly allocated:
 // a message decoded from it (DecodePublish) owns it and may be kept. The
