@@ -191,6 +191,9 @@ func (s *Sender) session() error {
 	var nextID uint16
 	var stamps stampCache
 	var seq uint64
+	var batch, withdrawn []item // reused from batch to batch
+	var ids []uint16
+	var out []byte
 	keepAlive := s.cfg.KeepAlive
 	tick := time.NewTicker(max(100*time.Millisecond, min(time.Second, s.cfg.Timeout/4)))
 	defer tick.Stop()
@@ -224,7 +227,9 @@ func (s *Sender) session() error {
 		case <-s.kick:
 		case <-s.acked:
 		}
-		// Write what is queued, as far as the window allows.
+		// Write what is queued, as far as the window allows: the batch's
+		// PUBLISH packets are encoded into one buffer and leave in one
+		// write.
 		for {
 			s.mu.Lock()
 			room := int(recvMax) - len(s.pending)
@@ -233,8 +238,8 @@ func (s *Sender) session() error {
 				break
 			}
 			n := min(room, len(s.queue))
-			batch := make([]item, 0, n)
-			var withdrawn []item
+			batch = batch[:0]
+			withdrawn = withdrawn[:0]
 			var check sender.TenureCheck
 			for _, it := range s.queue[:n] {
 				// A withdrawn message waits for an earlier one of its
@@ -247,15 +252,16 @@ func (s *Sender) session() error {
 				batch = append(batch, it)
 			}
 			clear(s.queue[:n])
-			s.queue = s.queue[n:]
-			if len(s.queue) == 0 {
-				s.queue = nil
+			if n == len(s.queue) {
+				s.queue = s.queue[:0] // reused: Send appends without allocating
+			} else {
+				s.queue = s.queue[n:]
 			}
-			n = len(batch)
 			now := time.Now()
-			ids := make([]uint16, n)
+			ids = ids[:0]
 			for i := range batch {
 				if s.cfg.QoS == 0 {
+					ids = append(ids, 0)
 					continue
 				}
 				for {
@@ -267,15 +273,18 @@ func (s *Sender) session() error {
 						break
 					}
 				}
-				ids[i] = nextID
+				ids = append(ids, nextID)
 				seq++
 				batch[i].sent, batch[i].seq = now, seq
 				s.pending[nextID] = batch[i]
 			}
 			s.mu.Unlock()
-			for _, it := range withdrawn {
+			for i, it := range withdrawn {
 				it.done(sender.ErrWithdrawn)
+				withdrawn[i] = item{}
 			}
+			out = out[:0]
+			var written []item // QoS 0: accepted once written
 			for i, it := range batch {
 				props, expired := publishProperties(it.m, now, &stamps)
 				if expired {
@@ -288,63 +297,70 @@ func (s *Sender) session() error {
 					it.done(nil)
 					continue
 				}
-				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
-					Properties: props}
-				if _, err := p.WriteTo(conn); err != nil {
-					// Unwritten QoS 0 messages and the rest of the batch fail
-					// now; written QoS 1 ones fail with the connection.
-					for _, rest := range batch[i:] {
-						if s.cfg.QoS == 0 {
-							rest.done(err)
-						}
+				out = mqttconn.AppendPublish(out, it.m.Topic, ids[i], s.cfg.QoS, it.m.Retain, false, props, it.m.Payload)
+				if s.cfg.QoS == 0 {
+					written = append(written, it)
+				}
+			}
+			clear(batch)
+			if len(out) > 0 {
+				if err := conn.WritePacket(out); err != nil {
+					// Unwritten QoS 0 messages fail now; QoS 1 and 2 ones
+					// fail with the connection.
+					for _, it := range written {
+						it.done(err)
 					}
 					return err
 				}
-				if s.cfg.QoS == 0 {
-					it.done(nil)
-				}
+			}
+			for _, it := range written {
+				it.done(nil)
+			}
+			if cap(out) > 1<<20 {
+				out = nil // do not keep a buffer that one large batch grew
 			}
 			lastWrite = now
 		}
 	}
 }
 
-// stampCache builds the MQTT 5 user properties that carry an exclusive
+// stampCache encodes the MQTT 5 user properties that carry an exclusive
 // session's fencing stamp (package fence), once per stamp: a tenure's
-// messages share one, and encoding only reads it.
+// messages share one.
 type stampCache struct {
 	stamp fence.Stamp
-	props *packets.Properties
+	props []byte
 }
 
-// properties returns the properties for f; nil for a non-exclusive
-// session's message.
-func (c *stampCache) properties(f fence.Stamp) *packets.Properties {
+// properties returns the encoded properties for f; nil for a
+// non-exclusive session's message.
+func (c *stampCache) properties(f fence.Stamp) []byte {
 	if f.IsZero() {
 		return nil
 	}
 	if c.props == nil || f != c.stamp {
 		c.stamp = f
-		c.props = &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+		pp := &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+		c.props = pp.Pack(packets.PUBLISH)
 	}
 	return c.props
 }
 
-// publishProperties are the PUBLISH properties of m at now: its MQTT 5
-// properties carried through, the message expiry decremented by the time
-// since the bridge received m (expired reports that none is left), and an
-// exclusive session's fencing stamp as user properties (package fence),
-// which replaces a stamp the message arrived with. nil when there are
-// none; a message with only a stamp shares stamps' cached properties (the
-// common case of an exclusive session costs no allocation).
-func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (props *packets.Properties, expired bool) {
+// publishProperties are the encoded PUBLISH properties of m at now: its
+// MQTT 5 properties carried through, the message expiry decremented by the
+// time since the bridge received m (expired reports that none is left),
+// and an exclusive session's fencing stamp as user properties (package
+// fence), which replaces a stamp the message arrived with. nil when there
+// are none; a message with only a stamp shares stamps' cached encoding
+// (the common case of an exclusive session costs no allocation).
+func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (props []byte, expired bool) {
 	mp := m.Properties
 	if mp == nil {
 		return stamps.properties(m.Fence), false
 	}
-	props = &packets.Properties{}
-	props.ContentType, props.PayloadFormat = mp.ContentType, mp.PayloadFormat
-	props.ResponseTopic, props.CorrelationData = mp.ResponseTopic, mp.CorrelationData
+	pp := &packets.Properties{}
+	pp.ContentType, pp.PayloadFormat = mp.ContentType, mp.PayloadFormat
+	pp.ResponseTopic, pp.CorrelationData = mp.ResponseTopic, mp.CorrelationData
 	if mp.MessageExpiry != nil {
 		held := uint32(0)
 		if !m.Received.IsZero() && now.After(m.Received) {
@@ -354,18 +370,18 @@ func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (pr
 			return nil, true
 		}
 		left := *mp.MessageExpiry - held
-		props.MessageExpiry = &left
+		pp.MessageExpiry = &left
 	}
 	for _, u := range mp.User {
 		if !m.Fence.IsZero() && (u.Key == fence.MQTTLeaseVersion || u.Key == fence.MQTTSessionID) {
 			continue
 		}
-		props.User = append(props.User, packets.User{Key: u.Key, Value: u.Value})
+		pp.User = append(pp.User, packets.User{Key: u.Key, Value: u.Value})
 	}
 	if !m.Fence.IsZero() {
-		props.User = append(props.User, packets.User{Key: fence.MQTTLeaseVersion, Value: m.Fence.Version()}, packets.User{Key: fence.MQTTSessionID, Value: m.Fence.SessionID})
+		pp.User = append(pp.User, packets.User{Key: fence.MQTTLeaseVersion, Value: m.Fence.Version()}, packets.User{Key: fence.MQTTSessionID, Value: m.Fence.SessionID})
 	}
-	return props, false
+	return pp.Pack(packets.PUBLISH), false
 }
 
 func (s *Sender) oldestPending() time.Time {
@@ -425,74 +441,92 @@ func (s *Sender) connect(ctx context.Context) (*mqttconn.Conn, uint16, error) {
 }
 
 func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
+	var out []byte
 	for {
-		p, err := packets.ReadPacket(conn)
+		hdr, body, err := conn.ReadPacket()
 		if err != nil {
 			return err
 		}
 		last.set(time.Now())
-		switch c := p.Content.(type) {
-		case *packets.Puback:
+		switch hdr >> 4 {
+		case packets.PUBACK:
+			id, code, err := mqttconn.DecodeAck(body)
+			if err != nil {
+				return err
+			}
 			s.mu.Lock()
-			it, ok := s.pending[c.PacketID]
-			delete(s.pending, c.PacketID)
+			it, ok := s.pending[id]
+			delete(s.pending, id)
 			s.mu.Unlock()
 			signal(s.acked)
 			if !ok {
 				continue
 			}
-			if c.ReasonCode >= 0x80 {
-				err := fmt.Errorf("broker refused the message: %s", c.Reason())
-				if PermanentReason(c.ReasonCode) {
+			if code >= 0x80 {
+				err := fmt.Errorf("broker refused the message: %s", (&packets.Puback{ReasonCode: code}).Reason())
+				if PermanentReason(code) {
 					err = sender.Permanent(err)
 				}
 				it.done(err)
 			} else {
 				it.done(nil)
 			}
-		case *packets.Pubrec:
+		case packets.PUBREC:
 			// QoS 2, first half: the broker has the message. A refusal
 			// ends the exchange; otherwise release it with PUBREL and
 			// wait for PUBCOMP (the message keeps its slot until then).
+			id, code, err := mqttconn.DecodeAck(body)
+			if err != nil {
+				return err
+			}
 			s.mu.Lock()
-			it, ok := s.pending[c.PacketID]
-			if ok && c.ReasonCode >= 0x80 {
-				delete(s.pending, c.PacketID)
+			it, ok := s.pending[id]
+			if ok && code >= 0x80 {
+				delete(s.pending, id)
 			}
 			s.mu.Unlock()
 			if !ok {
 				continue
 			}
-			if c.ReasonCode >= 0x80 {
+			if code >= 0x80 {
 				signal(s.acked)
-				err := fmt.Errorf("broker refused the message: %s", c.Reason())
-				if PermanentReason(c.ReasonCode) {
+				err := fmt.Errorf("broker refused the message: %s", (&packets.Pubrec{ReasonCode: code}).Reason())
+				if PermanentReason(code) {
 					err = sender.Permanent(err)
 				}
 				it.done(err)
 				continue
 			}
-			if _, err := (&packets.Pubrel{PacketID: c.PacketID}).WriteTo(conn); err != nil {
+			out = mqttconn.AppendAck(out[:0], packets.PUBREL, id, 0)
+			if err := conn.WritePacket(out); err != nil {
 				return err
 			}
-		case *packets.Pubcomp:
+		case packets.PUBCOMP:
+			id, code, err := mqttconn.DecodeAck(body)
+			if err != nil {
+				return err
+			}
 			s.mu.Lock()
-			it, ok := s.pending[c.PacketID]
-			delete(s.pending, c.PacketID)
+			it, ok := s.pending[id]
+			delete(s.pending, id)
 			s.mu.Unlock()
 			signal(s.acked)
 			if !ok {
 				continue
 			}
-			if c.ReasonCode >= 0x80 {
+			if code >= 0x80 {
 				// Packet identifier not found: the broker lost the
 				// exchange; publishing again is the way to deliver.
-				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", c.Reason()))
+				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", (&packets.Pubcomp{ReasonCode: code}).Reason()))
 			} else {
 				it.done(nil)
 			}
-		case *packets.Disconnect:
-			return fmt.Errorf("broker sent DISCONNECT: %s", c.Reason())
+		case packets.DISCONNECT:
+			cp, err := mqttconn.Parse(hdr, body)
+			if err != nil {
+				return fmt.Errorf("broker sent DISCONNECT: %w", err)
+			}
+			return fmt.Errorf("broker sent DISCONNECT: %s", cp.Content.(*packets.Disconnect).Reason())
 		}
 	}
 }
