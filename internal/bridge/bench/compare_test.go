@@ -162,6 +162,11 @@ func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool) *child
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %v", childEnv, a, dst, clientID, exclusive))
+	if procs := os.Getenv("MYRIARCH_BENCH_BRIDGE_GOMAXPROCS"); procs != "" {
+		// Runtime experiments on the bridge alone, not the publisher
+		// and subscriber: MYRIARCH_BENCH_BRIDGE_GOMAXPROCS=1 make bench.
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+procs)
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
