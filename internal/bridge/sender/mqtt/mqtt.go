@@ -454,11 +454,7 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 			if err != nil {
 				return err
 			}
-			s.mu.Lock()
-			it, ok := s.pending[id]
-			delete(s.pending, id)
-			s.mu.Unlock()
-			signal(s.acked)
+			it, ok := s.settle(id)
 			if !ok {
 				continue
 			}
@@ -489,7 +485,7 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 				continue
 			}
 			if code >= 0x80 {
-				signal(s.acked)
+				s.signalRoom()
 				err := fmt.Errorf("broker refused the message: %s", (&packets.Pubrec{ReasonCode: code}).Reason())
 				if PermanentReason(code) {
 					err = sender.Permanent(err)
@@ -506,11 +502,7 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 			if err != nil {
 				return err
 			}
-			s.mu.Lock()
-			it, ok := s.pending[id]
-			delete(s.pending, id)
-			s.mu.Unlock()
-			signal(s.acked)
+			it, ok := s.settle(id)
 			if !ok {
 				continue
 			}
@@ -528,6 +520,32 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 			}
 			return fmt.Errorf("broker sent DISCONNECT: %s", cp.Content.(*packets.Disconnect).Reason())
 		}
+	}
+}
+
+// settle removes message id from the pending ones and frees its slot in
+// the window.
+func (s *Sender) settle(id uint16) (item, bool) {
+	s.mu.Lock()
+	it, ok := s.pending[id]
+	delete(s.pending, id)
+	waiting := len(s.queue) > 0
+	s.mu.Unlock()
+	if waiting {
+		signal(s.acked)
+	}
+	return it, ok
+}
+
+// signalRoom wakes the session's goroutine for messages that wait for
+// room in the window; when none waits, it is not woken (a wake-up per
+// message costs more CPU than the rest of the sender's work).
+func (s *Sender) signalRoom() {
+	s.mu.Lock()
+	waiting := len(s.queue) > 0
+	s.mu.Unlock()
+	if waiting {
+		signal(s.acked)
 	}
 }
 
