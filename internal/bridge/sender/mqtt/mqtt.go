@@ -1,12 +1,16 @@
 // Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0 or
-// 2: a QoS 2 message counts accepted at its PUBCOMP)
-// to another broker over paho.golang's packet codec with a pipeline: one
-// goroutine writes PUBLISH packets in the order they were sent, as many as
-// the broker's receive maximum allows in flight, and another matches the
-// PUBACKs. A message counts accepted when its PUBACK arrives with a success
-// reason code. Publishing each message on its own goroutine (or waiting
-// for each PUBACK before the next PUBLISH) would reorder or serialize the
-// stream; this keeps per-topic order at full pipeline depth.
+// 2: a QoS 2 message counts accepted at its PUBCOMP) to another broker
+// with a pipeline: PUBLISH packets are written in the order they were
+// sent, as many as the broker's receive maximum allows in flight, by
+// whichever goroutine holds the write lock — the one calling Send when
+// nobody else writes (so a message costs no hand-over to another
+// goroutine), or the session's goroutine when acknowledgments open the
+// window again — and a reader matches the PUBACKs. A message counts
+// accepted when its PUBACK arrives with a success reason code. Publishing
+// each message on its own goroutine (or waiting for each PUBACK before the
+// next PUBLISH) would reorder or serialize the stream; this keeps
+// per-topic order at full pipeline depth. The hot packets are encoded and
+// decoded by package mqttconn, the rest by paho.golang's codec.
 //
 // When the connection is lost or cannot be established, every
 // unacknowledged or queued message fails (the route retries it, then
@@ -59,6 +63,12 @@ type Sender struct {
 	cfg Config
 	log *slog.Logger
 
+	// wmu is held by whoever writes PUBLISH packets: the goroutine that
+	// calls Send, when nobody else is writing (no goroutine hand-over per
+	// message), or the session's goroutine when the window opens again.
+	wmu sync.Mutex
+	w   writer
+
 	mu      sync.Mutex
 	queue   []item
 	pending map[uint16]item
@@ -102,6 +112,16 @@ func (s *Sender) Send(m *sender.Message, done func(error)) {
 	}
 	s.queue = append(s.queue, item{m: m, done: done})
 	s.mu.Unlock()
+	// Write it now unless another goroutine is writing: that one takes
+	// it with the rest of the queue, or the session's goroutine does.
+	if s.wmu.TryLock() {
+		connected := s.w.conn != nil
+		_ = s.writeQueued() // a failed write ends the session through its reader
+		s.wmu.Unlock()
+		if connected {
+			return
+		}
+	}
 	signal(s.kick)
 }
 
@@ -188,16 +208,19 @@ func (s *Sender) session() error {
 	defer rwg.Wait()
 	defer conn.Close() // wakes the reader
 
-	var nextID uint16
-	var stamps stampCache
-	var seq uint64
-	var batch, withdrawn []item // reused from batch to batch
-	var ids []uint16
-	var out []byte
+	s.wmu.Lock()
+	s.w = writer{conn: conn, recvMax: recvMax, lastWrite: time.Now()}
+	s.wmu.Unlock()
+	defer func() {
+		// After this no Send writes to conn: what is pending now fails
+		// with the connection (run's failPending).
+		s.wmu.Lock()
+		s.w = writer{}
+		s.wmu.Unlock()
+	}()
 	keepAlive := s.cfg.KeepAlive
 	tick := time.NewTicker(max(100*time.Millisecond, min(time.Second, s.cfg.Timeout/4)))
 	defer tick.Stop()
-	lastWrite := time.Now()
 	pingSent := time.Time{}
 	for {
 		select {
@@ -208,11 +231,17 @@ func (s *Sender) session() error {
 			return err
 		case <-tick.C:
 			now := time.Now()
+			s.wmu.Lock()
+			lastWrite := s.w.lastWrite
 			if keepAlive > 0 && now.Sub(lastWrite) >= keepAlive/2 && pingSent.IsZero() {
+				s.w.lastWrite = now
+				s.wmu.Unlock()
 				if _, err := packets.NewControlPacket(packets.PINGREQ).WriteTo(conn); err != nil {
 					return err
 				}
-				pingSent, lastWrite = now, now
+				pingSent = now
+			} else {
+				s.wmu.Unlock()
 			}
 			if !pingSent.IsZero() && lastRead.get().After(pingSent) {
 				pingSent = time.Time{}
@@ -227,99 +256,126 @@ func (s *Sender) session() error {
 		case <-s.kick:
 		case <-s.acked:
 		}
-		// Write what is queued, as far as the window allows: the batch's
-		// PUBLISH packets are encoded into one buffer and leave in one
-		// write.
-		for {
-			s.mu.Lock()
-			room := int(recvMax) - len(s.pending)
-			if room <= 0 || len(s.queue) == 0 {
-				s.mu.Unlock()
-				break
-			}
-			n := min(room, len(s.queue))
-			batch = batch[:0]
-			withdrawn = withdrawn[:0]
-			var check sender.TenureCheck
-			for _, it := range s.queue[:n] {
-				// A withdrawn message waits for an earlier one of its
-				// topic that failed, or its tenure ended; it is not
-				// written.
-				if check.Withdrawn(it.m) {
-					withdrawn = append(withdrawn, it)
-					continue
-				}
-				batch = append(batch, it)
-			}
-			clear(s.queue[:n])
-			if n == len(s.queue) {
-				s.queue = s.queue[:0] // reused: Send appends without allocating
-			} else {
-				s.queue = s.queue[n:]
-			}
-			now := time.Now()
-			ids = ids[:0]
-			for i := range batch {
-				if s.cfg.QoS == 0 {
-					ids = append(ids, 0)
-					continue
-				}
-				for {
-					nextID++
-					if nextID == 0 {
-						nextID = 1
-					}
-					if _, used := s.pending[nextID]; !used {
-						break
-					}
-				}
-				ids = append(ids, nextID)
-				seq++
-				batch[i].sent, batch[i].seq = now, seq
-				s.pending[nextID] = batch[i]
-			}
+		s.wmu.Lock()
+		err := s.writeQueued()
+		s.wmu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// writer is the state of writing PUBLISH packets on the current
+// connection, under Sender.wmu: whoever holds wmu writes.
+type writer struct {
+	conn      *mqttconn.Conn // nil: not connected
+	recvMax   uint16
+	lastWrite time.Time
+	nextID    uint16
+	seq       uint64
+	stamps    stampCache
+	// Reused from batch to batch.
+	batch, withdrawn, written []item
+	ids                       []uint16
+	out                       []byte
+}
+
+// writeQueued writes what is queued, as far as the window allows, with
+// s.wmu held: the batch's PUBLISH packets are encoded into one buffer and
+// leave in one write. A write error closes the connection (the reader
+// then ends the session) and is returned.
+func (s *Sender) writeQueued() error {
+	w := &s.w
+	if w.conn == nil {
+		return nil
+	}
+	for {
+		s.mu.Lock()
+		room := int(w.recvMax) - len(s.pending)
+		if room <= 0 || len(s.queue) == 0 {
 			s.mu.Unlock()
-			for i, it := range withdrawn {
-				it.done(sender.ErrWithdrawn)
-				withdrawn[i] = item{}
+			return nil
+		}
+		n := min(room, len(s.queue))
+		batch, withdrawn := w.batch[:0], w.withdrawn[:0]
+		var check sender.TenureCheck
+		for _, it := range s.queue[:n] {
+			// A withdrawn message waits for an earlier one of its topic
+			// that failed, or its tenure ended; it is not written.
+			if check.Withdrawn(it.m) {
+				withdrawn = append(withdrawn, it)
+				continue
 			}
-			out = out[:0]
-			var written []item // QoS 0: accepted once written
-			for i, it := range batch {
-				props, expired := publishProperties(it.m, now, &stamps)
-				if expired {
-					// MQTT 5: a message whose expiry passed is not
-					// forwarded; it counts as delivered (nobody may
-					// receive it any more).
-					s.mu.Lock()
-					delete(s.pending, ids[i])
-					s.mu.Unlock()
-					it.done(nil)
-					continue
+			batch = append(batch, it)
+		}
+		clear(s.queue[:n])
+		if n == len(s.queue) {
+			s.queue = s.queue[:0] // reused: Send appends without allocating
+		} else {
+			s.queue = s.queue[n:]
+		}
+		now := time.Now()
+		ids := w.ids[:0]
+		for i := range batch {
+			if s.cfg.QoS == 0 {
+				ids = append(ids, 0)
+				continue
+			}
+			for {
+				w.nextID++
+				if w.nextID == 0 {
+					w.nextID = 1
 				}
-				out = mqttconn.AppendPublish(out, it.m.Topic, ids[i], s.cfg.QoS, it.m.Retain, false, props, it.m.Payload)
-				if s.cfg.QoS == 0 {
-					written = append(written, it)
+				if _, used := s.pending[w.nextID]; !used {
+					break
 				}
 			}
-			clear(batch)
-			if len(out) > 0 {
-				if err := conn.WritePacket(out); err != nil {
-					// Unwritten QoS 0 messages fail now; QoS 1 and 2 ones
-					// fail with the connection.
-					for _, it := range written {
-						it.done(err)
-					}
-					return err
-				}
-			}
-			for _, it := range written {
+			ids = append(ids, w.nextID)
+			w.seq++
+			batch[i].sent, batch[i].seq = now, w.seq
+			s.pending[w.nextID] = batch[i]
+		}
+		s.mu.Unlock()
+		for i, it := range withdrawn {
+			it.done(sender.ErrWithdrawn)
+			withdrawn[i] = item{}
+		}
+		out := w.out[:0]
+		written := w.written[:0] // QoS 0: accepted once written
+		for i, it := range batch {
+			props, expired := publishProperties(it.m, now, &w.stamps)
+			if expired {
+				// MQTT 5: a message whose expiry passed is not forwarded;
+				// it counts as delivered (nobody may receive it any more).
+				s.mu.Lock()
+				delete(s.pending, ids[i])
+				s.mu.Unlock()
 				it.done(nil)
+				continue
 			}
-			if cap(out) > 1<<20 {
-				out = nil // do not keep a buffer that one large batch grew
+			out = mqttconn.AppendPublish(out, it.m.Topic, ids[i], s.cfg.QoS, it.m.Retain, false, props, it.m.Payload)
+			if s.cfg.QoS == 0 {
+				written = append(written, it)
 			}
-			lastWrite = now
+		}
+		clear(batch)
+		var err error
+		if len(out) > 0 {
+			err = w.conn.WritePacket(out)
+			w.lastWrite = now
+		}
+		// Unwritten QoS 0 messages fail now; QoS 1 and 2 ones fail with
+		// the connection.
+		for i, it := range written {
+			it.done(err)
+			written[i] = item{}
+		}
+		if cap(out) > 1<<20 {
+			out = nil // do not keep a buffer that one large batch grew
+		}
+		w.batch, w.withdrawn, w.written, w.ids, w.out = batch, withdrawn, written[:0], ids, out
+		if err != nil {
+			return err
 		}
 	}
 }
