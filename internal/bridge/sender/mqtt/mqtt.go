@@ -2,10 +2,10 @@
 // 2: a QoS 2 message counts accepted at its PUBCOMP) to another broker
 // with a pipeline: PUBLISH packets are written in the order they were
 // sent, as many as the broker's receive maximum allows in flight, by
-// whichever goroutine holds the write lock — the one calling Send when
-// nobody else writes (so a message costs no hand-over to another
-// goroutine), or the session's goroutine when acknowledgments open the
-// window again — and a reader matches the PUBACKs. A message counts
+// whichever goroutine holds the write lock — under light load the one
+// calling Send when nobody else writes (so a message costs no hand-over to
+// another goroutine), under heavy load and when acknowledgments open the
+// window again the session's goroutine — and a reader matches the PUBACKs. A message counts
 // accepted when its PUBACK arrives with a success reason code. Publishing
 // each message on its own goroutine (or waiting for each PUBACK before the
 // next PUBLISH) would reorder or serialize the stream; this keeps
@@ -102,6 +102,11 @@ func New(cfg Config) *Sender {
 	return s
 }
 
+// inlineBelow is the number of messages in flight below which Send
+// writes itself (see Send): a paced stream has one or two in flight, a
+// saturated one hundreds.
+const inlineBelow = 16
+
 // Send queues m for publishing.
 func (s *Sender) Send(m *sender.Message, done func(error)) {
 	s.mu.Lock()
@@ -111,10 +116,14 @@ func (s *Sender) Send(m *sender.Message, done func(error)) {
 		return
 	}
 	s.queue = append(s.queue, item{m: m, done: done})
+	light := len(s.pending) < inlineBelow
 	s.mu.Unlock()
-	// Write it now unless another goroutine is writing: that one takes
-	// it with the rest of the queue, or the session's goroutine does.
-	if s.wmu.TryLock() {
+	// Under light load write it now, unless another goroutine is writing
+	// (that one takes it with the rest of the queue): no hand-over to the
+	// session's goroutine, which costs a wake-up per message. Under heavy
+	// load the session's goroutine writes, so that reading from the source
+	// broker and writing to this one run in parallel, in larger batches.
+	if light && s.wmu.TryLock() {
 		connected := s.w.conn != nil
 		_ = s.writeQueued() // a failed write ends the session through its reader
 		s.wmu.Unlock()
