@@ -2,9 +2,9 @@
 // 2: a QoS 2 message counts accepted at its PUBCOMP) to another broker
 // with a pipeline: PUBLISH packets are written in the order they were
 // sent, as many as the broker's receive maximum allows in flight, by
-// whichever goroutine holds the write lock — under light load the one
+// whichever goroutine holds the write lock — at a modest rate the one
 // calling Send when nobody else writes (so a message costs no hand-over to
-// another goroutine), under heavy load and when acknowledgments open the
+// another goroutine), at high rates and when acknowledgments open the
 // window again the session's goroutine — and a reader matches the PUBACKs. A message counts
 // accepted when its PUBACK arrives with a success reason code. Publishing
 // each message on its own goroutine (or waiting for each PUBACK before the
@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
@@ -66,8 +67,9 @@ type Sender struct {
 	// wmu is held by whoever writes PUBLISH packets: the goroutine that
 	// calls Send, when nobody else is writing (no goroutine hand-over per
 	// message), or the session's goroutine when the window opens again.
-	wmu sync.Mutex
-	w   writer
+	wmu      sync.Mutex
+	w        writer
+	lastSend atomic.Int64 // nanotime of the latest Send
 
 	mu      sync.Mutex
 	queue   []item
@@ -102,10 +104,17 @@ func New(cfg Config) *Sender {
 	return s
 }
 
-// inlineBelow is the number of messages in flight below which Send
-// writes itself (see Send): a paced stream has one or two in flight, a
-// saturated one hundreds.
-const inlineBelow = 16
+// inlineGap is the time since the previous Send beyond which Send writes
+// itself (see Send): at 5,000 msg/s messages come 200µs apart, at full
+// speed a few µs apart, and there one write per message would cost more
+// than the hand-over that lets the session's goroutine write them in
+// batches.
+const inlineGap = 50 * time.Microsecond
+
+var clockBase = time.Now()
+
+// nanotime is a monotonic clock in nanoseconds.
+func nanotime() int64 { return int64(time.Since(clockBase)) }
 
 // Send queues m for publishing.
 func (s *Sender) Send(m *sender.Message, done func(error)) {
@@ -116,12 +125,13 @@ func (s *Sender) Send(m *sender.Message, done func(error)) {
 		return
 	}
 	s.queue = append(s.queue, item{m: m, done: done})
-	light := len(s.pending) < inlineBelow
 	s.mu.Unlock()
-	// Under light load write it now, unless another goroutine is writing
+	now := nanotime()
+	light := now-s.lastSend.Swap(now) > int64(inlineGap)
+	// At a modest rate write it now, unless another goroutine is writing
 	// (that one takes it with the rest of the queue): no hand-over to the
-	// session's goroutine, which costs a wake-up per message. Under heavy
-	// load the session's goroutine writes, so that reading from the source
+	// session's goroutine, which costs a wake-up per message. At high
+	// rates the session's goroutine writes, so that reading from the source
 	// broker and writing to this one run in parallel, in larger batches.
 	if light && s.wmu.TryLock() {
 		connected := s.w.conn != nil
