@@ -3,14 +3,15 @@
 // with a pipeline: PUBLISH packets are written in the order they were
 // sent, as many as the broker's receive maximum allows in flight, by
 // whichever goroutine holds the write lock — at a modest rate the one
-// calling Send when nobody else writes (so a message costs no hand-over to
-// another goroutine), at high rates and when acknowledgments open the
-// window again the session's goroutine — and a reader matches the PUBACKs. A message counts
-// accepted when its PUBACK arrives with a success reason code. Publishing
-// each message on its own goroutine (or waiting for each PUBACK before the
-// next PUBLISH) would reorder or serialize the stream; this keeps
-// per-topic order at full pipeline depth. The hot packets are encoded and
-// decoded by package mqttconn, the rest by paho.golang's codec.
+// calling Send, when nobody else writes (so a message costs no hand-over
+// to another goroutine); at high rates, and when acknowledgments open the
+// window again, the session's goroutine — and a reader matches the
+// PUBACKs. A message counts accepted when its PUBACK arrives with a
+// success reason code. Publishing each message on its own goroutine (or
+// waiting for each PUBACK before the next PUBLISH) would reorder or
+// serialize the stream; this keeps per-topic order at full pipeline depth.
+// The hot packets are encoded and decoded by package mqttconn, the rest by
+// paho.golang's codec.
 //
 // When the connection is lost or cannot be established, every
 // unacknowledged or queued message fails (the route retries it, then
