@@ -14,6 +14,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -99,7 +100,8 @@ func Dial(ctx context.Context, broker string, tlsCfg *tls.Config) (*Conn, error)
 type Conn struct {
 	net.Conn
 	r       *bufio.Reader
-	scratch []byte // ReadPacket's body of packets other than PUBLISH
+	w       io.Writer // the connection, or its raw system calls (raw.go)
+	scratch []byte    // ReadPacket's body of packets other than PUBLISH
 
 	packet   sync.Mutex  // held across the parts of one packet (sync.Locker)
 	inPacket atomic.Bool // between Lock and Unlock
@@ -118,7 +120,13 @@ const bufSize = 64 << 10
 
 // Wrap wraps c.
 func Wrap(c net.Conn) *Conn {
-	w := &Conn{Conn: c, r: bufio.NewReaderSize(c, bufSize), buf: make([]byte, 0, bufSize), spare: make([]byte, 0, bufSize)}
+	var rw io.ReadWriter = c
+	if tc, ok := c.(*net.TCPConn); ok {
+		if raw := newRawIO(tc); raw != nil {
+			rw = raw
+		}
+	}
+	w := &Conn{Conn: c, r: bufio.NewReaderSize(rw, bufSize), w: rw, buf: make([]byte, 0, bufSize), spare: make([]byte, 0, bufSize)}
 	w.idle = sync.NewCond(&w.mu)
 	return w
 }
@@ -182,7 +190,7 @@ func (c *Conn) WritePacket(p []byte) error {
 		b := c.buf
 		c.buf, c.spare = c.spare[:0], nil
 		c.mu.Unlock()
-		_, err := c.Conn.Write(b)
+		_, err := c.w.Write(b)
 		c.mu.Lock()
 		if cap(b) <= 4*bufSize {
 			c.spare = b[:0]
@@ -218,7 +226,7 @@ func (c *Conn) Close() error {
 	c.buf = nil
 	c.mu.Unlock()
 	if len(rest) > 0 && !failed {
-		_, _ = c.Conn.Write(rest)
+		_, _ = c.w.Write(rest)
 	}
 	err := c.Conn.Close()
 	if errors.Is(err, net.ErrClosed) {
