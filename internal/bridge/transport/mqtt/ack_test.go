@@ -23,7 +23,7 @@ type held struct {
 // keeps the session for an hour).
 func runHolding(t *testing.T, url, filter string, qos byte) (got chan held, stop func()) {
 	t.Helper()
-	got = make(chan held, 100)
+	got = make(chan held, 1000)
 	s, err := mqtt.New(mqtt.Config{Brokers: []string{url}, ClientID: "ack", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
 		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second,
 		Subscriptions: []mqtt.Subscription{{Filter: filter, QoS: qos}},
@@ -140,4 +140,26 @@ func TestQoS2Inbound(t *testing.T) {
 	}
 	h.ack()
 	waitFor(t, "every exchange completed", func() bool { return inflight(b) == 0 })
+}
+
+// Acknowledgments released in a burst share writes (they wait a moment
+// for each other); every one of them still reaches the broker.
+func TestBurstOfAcksAllArrive(t *testing.T) {
+	b, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got, stop := runHolding(t, b.URL, "burst/#", 1)
+	defer stop()
+	const n = 300
+	publishN(t, b.URL, "burst/x", 1, 1, n)
+	var hs []held
+	for range n {
+		hs = append(hs, next(t, got))
+	}
+	for _, h := range hs {
+		h.ack()
+	}
+	waitFor(t, "all acknowledged", func() bool { return inflight(b) == 0 })
 }

@@ -24,11 +24,17 @@ type link struct {
 	deadErr error         // why; set before dead closes
 	deadSet sync.Once
 
-	mu      sync.Mutex
-	queue   []*received // QoS 1/2 messages in arrival order, not yet acknowledged
-	out     []byte      // the acknowledgments being encoded
-	closed  bool        // no acknowledgment of this link is written any more
-	nextID  uint16      // for SUBSCRIBE and UNSUBSCRIBE
+	mu     sync.Mutex
+	queue  []*received // QoS 1/2 messages in arrival order, not yet acknowledged
+	out    []byte      // acknowledgments encoded, not yet written
+	closed bool        // no acknowledgment of this link is written any more
+	// Acknowledgments that follow the previous write within ackGap wait
+	// up to ackDelay for more (armed): at full speed one write carries
+	// many, at a modest rate each leaves at once.
+	lastAck int64 // nanotime of the latest acknowledgment write
+	armed   bool
+	flush   *time.Timer
+	nextID  uint16 // for SUBSCRIBE and UNSUBSCRIBE
 	waiters map[uint16]chan *packets.ControlPacket
 
 	// hand is held while a message is handed on; during activation
@@ -64,6 +70,8 @@ func (s *Session) start(conn *mqttconn.Conn) *link {
 		holding: true, stop: make(chan struct{}), readerDone: make(chan struct{}), pingerDone: make(chan struct{})}
 	l.lastRead.Store(now)
 	l.lastWrite.Store(now)
+	l.flush = time.AfterFunc(time.Hour, l.flushAcks)
+	l.flush.Stop()
 	go l.read()
 	go l.keepAlive()
 	return l
@@ -83,8 +91,13 @@ func (l *link) report(err error) {
 func (l *link) close(disconnect bool) {
 	l.closeOnce.Do(func() {
 		l.mu.Lock()
+		if disconnect && len(l.out) > 0 && l.s.valid() {
+			_ = l.write(l.out) // released acknowledgments go before the DISCONNECT
+		}
+		l.out = l.out[:0]
 		l.closed = true
 		l.mu.Unlock()
+		l.flush.Stop()
 		if disconnect {
 			_, _ = packets.NewControlPacket(packets.DISCONNECT).WriteTo(l.conn)
 		}
@@ -128,8 +141,11 @@ func (l *link) read() {
 			if id, _, err = mqttconn.DecodeAck(body); err == nil {
 				l.mu.Lock()
 				if !l.closed {
-					l.out = mqttconn.AppendAck(l.out[:0], packets.PUBCOMP, id, 0)
+					// With any acknowledgments waiting: they are
+					// independent of it, and may go now too.
+					l.out = mqttconn.AppendAck(l.out, packets.PUBCOMP, id, 0)
 					err = l.write(l.out)
+					l.out = l.out[:0]
 				}
 				l.mu.Unlock()
 			}
@@ -227,7 +243,7 @@ func (r *received) ack() {
 		return
 	}
 	n := 0
-	out := l.out[:0]
+	out := l.out
 	for n < len(l.queue) && l.queue[n].acked {
 		typ := byte(packets.PUBACK)
 		if l.queue[n].qos == 2 {
@@ -246,7 +262,47 @@ func (r *received) ack() {
 		l.queue = l.queue[n:]
 	}
 	l.out = out
-	if err := l.write(out); err != nil {
+	if l.armed {
+		return // the armed flush takes them
+	}
+	now := time.Now().UnixNano()
+	if now-l.lastAck < int64(ackGap) {
+		l.armed = true
+		l.flush.Reset(ackDelay)
+		return
+	}
+	l.lastAck = now
+	err := l.write(out)
+	l.out = out[:0]
+	if err != nil {
+		l.report(err)
+	}
+}
+
+// ackGap and ackDelay: an acknowledgment within ackGap of the previous
+// write waits up to ackDelay for others to share its write. At 5,000
+// msg/s (200µs apart) every acknowledgment leaves at once; at full speed
+// (µs apart) one write per acknowledgment was the bridge's largest count
+// of system calls. The delay only holds messages a little longer in the
+// source broker's window (receive maximum), not in the path.
+const (
+	ackGap   = 50 * time.Microsecond
+	ackDelay = 250 * time.Microsecond
+)
+
+// flushAcks writes the acknowledgments that waited (the armed timer),
+// unless the link closed or the tenure ended meanwhile.
+func (l *link) flushAcks() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.armed = false
+	if l.closed || len(l.out) == 0 || !l.s.valid() {
+		return
+	}
+	l.lastAck = time.Now().UnixNano()
+	err := l.write(l.out)
+	l.out = l.out[:0]
+	if err != nil {
 		l.report(err)
 	}
 }
