@@ -77,8 +77,23 @@ func Dial(ctx context.Context, broker string, tlsCfg *tls.Config) (*Conn, error)
 			cfg = cfg.Clone()
 			cfg.ServerName = u.Hostname()
 		}
-		td := tls.Dialer{NetDialer: &d, Config: cfg}
-		c, err = td.DialContext(ctx, "tcp", u.Host)
+		// TLS over the raw system calls of the TCP connection (raw.go),
+		// like tls.Dialer otherwise.
+		var tcp net.Conn
+		if tcp, err = d.DialContext(ctx, "tcp", u.Host); err != nil {
+			return nil, err
+		}
+		if tc, ok := tcp.(*net.TCPConn); ok {
+			if raw := newRawIO(tc); raw != nil {
+				tcp = &rawTCP{TCPConn: tc, raw: raw}
+			}
+		}
+		tc := tls.Client(tcp, cfg)
+		if err = tc.HandshakeContext(ctx); err != nil {
+			_ = tcp.Close()
+			return nil, err
+		}
+		c = tc
 	default:
 		return nil, fmt.Errorf("broker %q: unsupported scheme %q", broker, u.Scheme)
 	}

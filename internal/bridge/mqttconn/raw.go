@@ -105,3 +105,13 @@ func (r *rawIO) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// rawTCP is a TCP connection whose reads and writes are raw system calls,
+// for a TLS connection on top of it.
+type rawTCP struct {
+	*net.TCPConn
+	raw *rawIO
+}
+
+func (c *rawTCP) Read(p []byte) (int, error)  { return c.raw.Read(p) }
+func (c *rawTCP) Write(p []byte) (int, error) { return c.raw.Write(p) }
