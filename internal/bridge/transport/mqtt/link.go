@@ -284,9 +284,13 @@ func (r *received) ack() {
 // msg/s (200µs apart) every acknowledgment leaves at once; at full speed
 // (µs apart) one write per acknowledgment was the bridge's largest count
 // of system calls. The delay only holds messages a little longer in the
-// source broker's window (receive maximum), not in the path.
+// source broker's window (receive maximum), not in the path. 10µs rather
+// than 50µs: messages that a paced publisher sends in small clumps then
+// still leave at once, which saved the timer's wake-ups (make bench at
+// 5,000 msg/s: 1.36× broker B's CPU per message against 1.44×, in three
+// alternating pairs).
 const (
-	ackGap   = 50 * time.Microsecond
+	ackGap   = 10 * time.Microsecond
 	ackDelay = 250 * time.Microsecond
 )
 
