@@ -2,6 +2,7 @@ package lease
 
 import (
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,12 +17,17 @@ type BootClock struct{}
 
 // Now returns CLOCK_BOOTTIME as a time.Time; only differences between its
 // readings are meaningful.
+//
+// It is a raw system call: clock_gettime never blocks, and the scheduler's
+// system call bookkeeping (unix.ClockGettime) woke the runtime's monitor
+// thread on every tenure check of an otherwise idle process, which cost
+// an exclusive session about a third of its CPU per message.
 func (BootClock) Now() time.Time {
 	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+	if _, _, e := unix.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_BOOTTIME, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
 		// Linux has had CLOCK_BOOTTIME since 2.6.39; a kernel without it
 		// cannot run Go 1.26 binaries.
-		panic("lease: CLOCK_BOOTTIME unavailable: " + err.Error())
+		panic("lease: CLOCK_BOOTTIME unavailable: " + e.Error())
 	}
 	return time.Unix(ts.Sec, ts.Nsec)
 }

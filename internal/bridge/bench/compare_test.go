@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -72,8 +73,25 @@ func bridgeChild(spec string) int {
 			}
 		}
 	}
+	if prof := os.Getenv("MYRIARCH_BENCH_MEMPROFILE"); prof != "" {
+		// MYRIARCH_BENCH_MEMPROFILE=file make bench writes the allocation
+		// profile of each bridge process (file.<pid>) when it stops.
+		defer func() {
+			if pf, err := os.Create(fmt.Sprintf("%s.%d", prof, os.Getpid())); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(pf, 0)
+				_ = pf.Close()
+			}
+		}()
+	}
 	fmt.Println("ready")
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	// Each line on stdin asks for the number of heap allocations so far
+	// (the benchmark's allocations per message); EOF stops the bridge.
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		fmt.Println(ms.Mallocs)
+	}
 	stop()
 	if own != nil && !own.Valid() {
 		fmt.Fprintln(os.Stderr, "the tenure ended during the benchmark")
@@ -116,11 +134,39 @@ func ownershipIn(dir string) (*lease.Ownership, func(), error) {
 	}
 }
 
-// bridgeProcess starts the bridge as a child process and returns its pid.
-func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool) int {
+// child is a bridge child process.
+type child struct {
+	pid int
+	in  io.Writer
+	out *bufio.Reader
+}
+
+// mallocs asks the child for its heap allocations so far.
+func (c *child) mallocs() int64 {
+	if c == nil {
+		return 0
+	}
+	if _, err := fmt.Fprintln(c.in, "stats"); err != nil {
+		return 0
+	}
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	return n
+}
+
+// bridgeProcess starts the bridge as a child process.
+func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool) *child {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %v", childEnv, a, dst, clientID, exclusive))
+	if procs := os.Getenv("MYRIARCH_BENCH_BRIDGE_GOMAXPROCS"); procs != "" {
+		// Runtime experiments on the bridge alone, not the publisher
+		// and subscriber: MYRIARCH_BENCH_BRIDGE_GOMAXPROCS=1 make bench.
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+procs)
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -139,11 +185,12 @@ func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool) int {
 			b.Errorf("bridge process: %v", err)
 		}
 	})
-	line, err := bufio.NewReader(out).ReadString('\n')
+	rd := bufio.NewReader(out)
+	line, err := rd.ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "ready" {
 		b.Fatalf("bridge process did not start: %q %v", line, err)
 	}
-	return cmd.Process.Pid
+	return &child{pid: cmd.Process.Pid, in: in, out: rd}
 }
 
 // cpuTime is the CPU time that process pid has used so far: the sum of
@@ -211,8 +258,9 @@ type row struct {
 	// bridge includes the bridge.
 	bridgeCPU, destCPU float64
 	// syscalls and switches are the bridging process's read/write system
-	// calls and context switches per message at the paced rate.
-	syscalls, switches float64
+	// calls and context switches per message at the paced rate; allocs
+	// its heap allocations per message (myriarch-bridge only).
+	syscalls, switches, allocs float64
 }
 
 // BenchmarkCompare measures, in one run, the four paths that the
@@ -231,24 +279,24 @@ func BenchmarkCompare(b *testing.B) {
 		var rows []row
 
 		a, apid := mosquitto(b, "")
-		r, _, destCPU, _, _ := measureCPU(b, a, a, "in/#", 0, apid)
+		r, _, destCPU, _, _, _ := measureCPU(b, a, a, "in/#", 0, apid, nil)
 		rows = append(rows, row{name: "direct (one broker, the ceiling)", r: r, destCPU: destCPU})
 
 		a, _ = mosquitto(b, "")
 		dst, dpid := mosquitto(b, mosquittoBridge(a))
-		r, destCPU, _, sc, sw := measureCPU(b, a, dst, "out/#", dpid, dpid)
+		r, destCPU, _, sc, sw, _ := measureCPU(b, a, dst, "out/#", dpid, dpid, nil)
 		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU, syscalls: sc, switches: sw})
 
 		for _, excl := range []bool{false, true} {
 			a, _ = mosquitto(b, "")
 			dst, dpid = mosquitto(b, "")
-			pid := bridgeProcess(b, a, dst, fmt.Sprintf("cmp-%v", excl), excl)
-			r, bridgeCPU, destCPU, sc, sw := measureCPU(b, a, dst, "out/#", pid, dpid)
+			ch := bridgeProcess(b, a, dst, fmt.Sprintf("cmp-%v", excl), excl)
+			r, bridgeCPU, destCPU, sc, sw, al := measureCPU(b, a, dst, "out/#", ch.pid, dpid, ch)
 			name := "myriarch-bridge (ephemeral session, one mqtt sender)"
 			if excl {
 				name = "myriarch-bridge (exclusive session: tenure checks, fencing stamps)"
 			}
-			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw})
+			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw, allocs: al})
 		}
 		printTable(rows, load0, loadavg())
 		mosq := rows[1]
@@ -263,16 +311,19 @@ func BenchmarkCompare(b *testing.B) {
 		b.ReportMetric(rows[2].bridgeCPU, "bridge-cpu-us/msg")
 		b.ReportMetric(mosq.bridgeCPU, "mosquitto-bridge-cpu-us/msg")
 		b.ReportMetric(rows[2].syscalls, "bridge-syscalls/msg")
+		b.ReportMetric(rows[2].allocs, "bridge-allocs/msg")
 	}
 }
 
 // measureCPU measures one path and the CPU per message of the bridging
 // process (pid, 0 for none) and of the destination broker (dpid) while
-// the paced phase runs.
-func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int) (r result, bridgeUS, destUS, syscalls, switches float64) {
+// the paced phase runs, and the heap allocations per message of ch (a
+// myriarch-bridge child; nil for none).
+func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int, ch *child) (r result, bridgeUS, destUS, syscalls, switches, allocs float64) {
 	var p0, d0 time.Duration
-	var sc0, sw0 int64
+	var sc0, sw0, m0 int64
 	r = measureWith(b, pubURL, subURL, filter, func() {
+		m0 = ch.mallocs()
 		p0, d0 = cpuTime(pid), cpuTime(dpid)
 		sc0, sw0 = procCounts(pid)
 	}, func() {
@@ -282,15 +333,18 @@ func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int) (r r
 			syscalls, switches = float64(sc-sc0)/pacedN, float64(sw-sw0)/pacedN
 		}
 		destUS = float64((cpuTime(dpid) - d0).Microseconds()) / pacedN
+		if ch != nil {
+			allocs = float64(ch.mallocs()-m0) / pacedN
+		}
 	})
-	return r, bridgeUS, destUS, syscalls, switches
+	return r, bridgeUS, destUS, syscalls, switches, allocs
 }
 
 func printTable(rows []row, load0, load1 float64) {
 	fmt.Printf("\nQoS 1, %d-byte payloads, up to %d in flight, loopback, mosquitto brokers; load average %.1f → %.1f on %d-core machine\n\n",
 		payloadSize, window, load0, load1, numCPU())
-	fmt.Println("| path | max msg/s | vs mosquitto's bridge | p50 at 5k msg/s | p99 at 5k msg/s | bridge CPU per message at 5k msg/s | broker B CPU per message | bridge read+write syscalls per message | bridge context switches per message | out of order |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| path | max msg/s | vs mosquitto's bridge | p50 at 5k msg/s | p99 at 5k msg/s | bridge CPU per message at 5k msg/s | broker B CPU per message | bridge read+write syscalls per message | bridge context switches per message | bridge heap allocations per message | out of order |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
 	mosq := rows[1]
 	for i, rw := range rows {
 		ratio, cpu := "–", "–"
@@ -300,12 +354,15 @@ func printTable(rows []row, load0, load1 float64) {
 		if rw.bridgeCPU > 0 {
 			cpu = fmt.Sprintf("%.1f µs (%.0f %% of a core)", rw.bridgeCPU, rw.bridgeCPU*pacedRate/1e4)
 		}
-		sc, sw := "–", "–"
+		sc, sw, al := "–", "–", "–"
 		if rw.syscalls > 0 {
 			sc, sw = fmt.Sprintf("%.2f", rw.syscalls), fmt.Sprintf("%.2f", rw.switches)
 		}
-		fmt.Printf("| %s | %.0f | %s | %.2f ms | %.2f ms | %s | %.1f µs | %s | %s | %d |\n", rw.name, rw.r.rate, ratio, rw.r.p50, rw.r.p99,
-			cpu, rw.destCPU, sc, sw, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
+		if rw.allocs > 0 {
+			al = fmt.Sprintf("%.1f", rw.allocs)
+		}
+		fmt.Printf("| %s | %.0f | %s | %.2f ms | %.2f ms | %s | %.1f µs | %s | %s | %s | %d |\n", rw.name, rw.r.rate, ratio, rw.r.p50, rw.r.p99,
+			cpu, rw.destCPU, sc, sw, al, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
 	}
 	fmt.Println()
 }

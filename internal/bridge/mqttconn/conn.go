@@ -1,9 +1,10 @@
 // Package mqttconn dials MQTT brokers for the bridge's transport and its
 // MQTT sender and wraps the connection so that a forwarded message costs
-// few system calls: reads go through a buffer, and writes are coalesced by
-// one flusher goroutine, so that a burst of PUBLISH or PUBACK packets
-// leaves in one write instead of one per packet (paho.golang writes every
-// packet, and every part of a packet, with its own call).
+// few system calls: reads go through a buffer, and writes are coalesced,
+// so that a burst of PUBLISH or PUBACK packets leaves in one write instead
+// of one per packet (paho.golang writes every packet, and every part of a
+// packet, with its own call). It also encodes and decodes the hot path's
+// packets itself (codec.go).
 package mqttconn
 
 import (
@@ -13,10 +14,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -74,8 +77,23 @@ func Dial(ctx context.Context, broker string, tlsCfg *tls.Config) (*Conn, error)
 			cfg = cfg.Clone()
 			cfg.ServerName = u.Hostname()
 		}
-		td := tls.Dialer{NetDialer: &d, Config: cfg}
-		c, err = td.DialContext(ctx, "tcp", u.Host)
+		// TLS over the raw system calls of the TCP connection (raw.go),
+		// like tls.Dialer otherwise.
+		var tcp net.Conn
+		if tcp, err = d.DialContext(ctx, "tcp", u.Host); err != nil {
+			return nil, err
+		}
+		if tc, ok := tcp.(*net.TCPConn); ok {
+			if raw := newRawIO(tc); raw != nil {
+				tcp = &rawTCP{TCPConn: tc, raw: raw}
+			}
+		}
+		tc := tls.Client(tcp, cfg)
+		if err = tc.HandshakeContext(ctx); err != nil {
+			_ = tcp.Close()
+			return nil, err
+		}
+		c = tc
 	default:
 		return nil, fmt.Errorf("broker %q: unsupported scheme %q", broker, u.Scheme)
 	}
@@ -85,99 +103,127 @@ func Dial(ctx context.Context, broker string, tlsCfg *tls.Config) (*Conn, error)
 	return Wrap(c), nil
 }
 
-// Conn is a net.Conn with buffered reads and coalesced writes. It
-// implements sync.Locker so that paho writes each packet's parts as one
-// unit even when several goroutines write.
+// Conn is a net.Conn with buffered reads and coalesced writes: a writer
+// that finds no write in progress writes itself, and whatever other
+// goroutines queue meanwhile leaves with its next write, so a burst of
+// PUBLISH or PUBACK packets costs one system call and no goroutine is
+// woken to write (a flusher goroutine cost a wake-up per burst).
+//
+// Whole packets go in with WritePacket (or Write). Conn also implements
+// sync.Locker for paho.golang's codec, which writes a packet in parts:
+// parts written between Lock and Unlock leave together at Unlock.
 type Conn struct {
 	net.Conn
-	r *bufio.Reader
+	r       *bufio.Reader
+	w       io.Writer // the connection, or its raw system calls (raw.go)
+	scratch []byte    // ReadPacket's body of packets other than PUBLISH
 
-	packet sync.Mutex // held across the parts of one packet (sync.Locker)
+	packet   sync.Mutex  // held across the parts of one packet (sync.Locker)
+	inPacket atomic.Bool // between Lock and Unlock
+	stage    []byte      // the parts of the packet being written, under packet
 
 	mu      sync.Mutex
+	idle    *sync.Cond // on mu: no write in progress
 	buf     []byte
 	spare   []byte
 	err     error
+	writing bool
 	closed  bool
-	kick    chan struct{}
-	stop    chan struct{}
-	flushed chan struct{}
 }
 
 const bufSize = 64 << 10
 
-// Wrap wraps c and starts its flusher, which Close stops.
+// Wrap wraps c.
 func Wrap(c net.Conn) *Conn {
-	w := &Conn{Conn: c, r: bufio.NewReaderSize(c, bufSize), kick: make(chan struct{}, 1),
-		stop: make(chan struct{}), flushed: make(chan struct{}),
-		buf: make([]byte, 0, bufSize), spare: make([]byte, 0, bufSize)}
-	go w.flusher()
+	var rw io.ReadWriter = c
+	if tc, ok := c.(*net.TCPConn); ok {
+		if raw := newRawIO(tc); raw != nil {
+			rw = raw
+		}
+	}
+	w := &Conn{Conn: c, r: bufio.NewReaderSize(rw, bufSize), w: rw, buf: make([]byte, 0, bufSize), spare: make([]byte, 0, bufSize)}
+	w.idle = sync.NewCond(&w.mu)
 	return w
 }
 
-// Lock and Unlock make the parts of one packet contiguous.
-func (c *Conn) Lock()   { c.packet.Lock() }
-func (c *Conn) Unlock() { c.packet.Unlock() }
+// Lock starts a packet written in parts (paho.golang's codec).
+func (c *Conn) Lock() {
+	c.packet.Lock()
+	c.inPacket.Store(true)
+}
+
+// Unlock queues the parts written since Lock as one packet.
+func (c *Conn) Unlock() {
+	if len(c.stage) > 0 {
+		_ = c.WritePacket(c.stage)
+		c.stage = c.stage[:0]
+	}
+	c.inPacket.Store(false)
+	c.packet.Unlock()
+}
 
 func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// Write queues p for the flusher; it fails once the connection failed.
+// Write adds p to the packet being written between Lock and Unlock, or
+// outside them writes p as a whole packet (WritePacket). A goroutine that
+// writes parts must hold the lock: a Write without it while another
+// goroutine holds it would join that packet. It fails once the connection
+// failed.
 func (c *Conn) Write(p []byte) (int, error) {
+	if !c.inPacket.Load() {
+		if err := c.WritePacket(p); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
 	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
 		return 0, err
 	}
-	c.buf = append(c.buf, p...)
-	c.mu.Unlock()
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
+	c.stage = append(c.stage, p...)
 	return len(p), nil
 }
 
-func (c *Conn) flusher() {
-	defer close(c.flushed)
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-c.kick:
+// WritePacket queues one whole encoded packet and, unless another
+// goroutine is writing, writes everything queued; it fails once the
+// connection failed. A write error closes the connection, which wakes
+// the reader: the reader reports the loss.
+func (c *Conn) WritePacket(p []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	c.buf = append(c.buf, p...)
+	if c.writing {
+		return nil
+	}
+	c.writing = true
+	for len(c.buf) > 0 && c.err == nil {
+		b := c.buf
+		c.buf, c.spare = c.spare[:0], nil
+		c.mu.Unlock()
+		_, err := c.w.Write(b)
+		c.mu.Lock()
+		if cap(b) <= 4*bufSize {
+			c.spare = b[:0]
+		} else {
+			c.spare = make([]byte, 0, bufSize)
 		}
-		for {
-			c.mu.Lock()
-			b := c.buf
-			c.buf, c.spare = c.spare[:0], nil
-			c.mu.Unlock()
-			if len(b) == 0 {
-				c.mu.Lock()
-				c.spare = b
-				c.mu.Unlock()
-				break
-			}
-			_, err := c.Conn.Write(b)
-			c.mu.Lock()
-			if len(b) <= 4*bufSize {
-				c.spare = b[:0]
-			} else {
-				c.spare = make([]byte, 0, bufSize)
-			}
-			if err != nil && c.err == nil {
-				c.err = err
-			}
-			c.mu.Unlock()
-			if err != nil {
-				_ = c.Conn.Close() // wakes the reader, which reports the loss
-				return
-			}
+		if err != nil && c.err == nil {
+			c.err = err
+			_ = c.Conn.Close()
 		}
 	}
+	c.writing = false
+	c.idle.Broadcast()
+	return c.err
 }
 
 // Close writes what is queued (a final DISCONNECT, say) for at most a
-// second, closes the connection and stops the flusher; safe to call twice.
+// second and closes the connection; safe to call twice.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -185,18 +231,17 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	c.closed = true
-	c.mu.Unlock()
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-	close(c.stop)
-	<-c.flushed
-	c.mu.Lock()
+	for c.writing {
+		c.idle.Wait()
+	}
 	rest := c.buf
 	failed := c.err != nil
 	c.err = net.ErrClosed
 	c.buf = nil
 	c.mu.Unlock()
 	if len(rest) > 0 && !failed {
-		_, _ = c.Conn.Write(rest)
+		_, _ = c.w.Write(rest)
 	}
 	err := c.Conn.Close()
 	if errors.Is(err, net.ErrClosed) {

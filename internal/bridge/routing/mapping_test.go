@@ -2,11 +2,14 @@ package routing_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
 var plantMappings = []routing.Mapping{
@@ -65,5 +68,52 @@ func TestMappingsEndToEnd(t *testing.T) {
 				t.Fatalf("broker B got %v, want %v", topics, want)
 			}
 		})
+	}
+}
+
+// topics records the topic of every message it accepts.
+type topics struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (s *topics) Send(m *sender.Message, done func(error)) {
+	s.mu.Lock()
+	s.got = append(s.got, m.Topic)
+	s.mu.Unlock()
+	done(nil)
+}
+func (s *topics) Close(context.Context) error { return nil }
+
+// The route caches rewritten topics (a table of 64): with more topics
+// than entries, each seen twice, every message still gets its own
+// topic's rewrite, for prefixes and for mappings.
+func TestRewriteCacheKeepsEachTopicsRewrite(t *testing.T) {
+	for name, cfg := range map[string]routing.RouteConfig{
+		"prefixes": {StripPrefix: "in/plant1/", AddPrefix: "out/"},
+		"mappings": {Mappings: plantMappings},
+	} {
+		rec := &topics{}
+		cfg.ID, cfg.Filters, cfg.Targets = "r", []string{"in/#"}, []routing.Target{{ID: "h", Sender: rec}}
+		r := routing.NewRoute(cfg)
+		var want []string
+		for round := range 2 {
+			for i := range 200 {
+				topic := fmt.Sprintf("in/plant1/sensors/%d", (i*7+round)%200)
+				want = append(want, r.Rewrite(topic))
+				if err := r.Deliver(&mqtt.Message{Topic: topic, QoS: 1}, func() {}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		r.Close()
+		rec.mu.Lock()
+		if !slices.Equal(rec.got, want) {
+			t.Errorf("%s: delivered topics differ from Rewrite's", name)
+		}
+		if want[0] == "in/plant1/sensors/0" {
+			t.Errorf("%s: nothing was rewritten", name)
+		}
+		rec.mu.Unlock()
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"os"
 	"strings"
@@ -138,6 +139,7 @@ type Route struct {
 	quit   chan struct{}
 
 	inFlight atomic.Int64
+	rewrites [64]atomic.Pointer[rewritten]
 
 	// The route's metric series, resolved once.
 	mIn       prometheus.Counter
@@ -182,15 +184,37 @@ type lane struct {
 
 // delivery is one message on its way to one target.
 type delivery struct {
-	msg    sender.Message // this target's copy: it carries the withdrawal
-	t      *target
-	finish func()
+	msg sender.Message // this target's copy: it carries the withdrawal
+	t   *target
+	set *settlement // the message's, shared by its targets' deliveries
+	own settlement  // set for a route with one target: no allocation of its own
 
 	// Under t.mu.
 	sent     bool // at the sender, result pending
 	attempts int  // failed attempts
 	due      bool // failed since its lane last made progress: back off
 }
+
+// settlement counts the targets that have yet to settle one message; the
+// last one frees the message's slot and calls settled.
+type settlement struct {
+	pending atomic.Int32
+	r       *Route
+	settled func()
+}
+
+func (g *settlement) finish() {
+	if g.pending.Add(-1) == 0 {
+		r := g.r
+		r.inFlight.Add(-1)
+		r.mInFlight.Dec()
+		<-r.slots
+		g.settled()
+	}
+}
+
+// rewritten is one entry of a route's cache of rewritten topics.
+type rewritten struct{ src, dst string }
 
 // NewRoute creates a route; Close stops its retries.
 func NewRoute(cfg RouteConfig) *Route {
@@ -265,6 +289,26 @@ func (r *Route) Rewrite(topic string) string {
 	return r.cfg.AddPrefix + topic
 }
 
+// rewriteCached is Rewrite through a small cache, so that a topic seen
+// again costs no new string: a direct-mapped table by the topic's hash,
+// safe for concurrent use.
+func (r *Route) rewriteCached(topic string) string {
+	if len(r.cfg.Mappings) == 0 && r.cfg.StripPrefix == "" && r.cfg.AddPrefix == "" {
+		return topic
+	}
+	slot := &r.rewrites[maphash.String(rewriteSeed, topic)%uint64(len(r.rewrites))]
+	if c := slot.Load(); c != nil && c.src == topic {
+		return c.dst
+	}
+	dst := r.Rewrite(topic)
+	// The source topic may point into a received packet (package
+	// mqtt): the cache keeps a copy, not the packet.
+	slot.Store(&rewritten{src: strings.Clone(topic), dst: dst})
+	return dst
+}
+
+var rewriteSeed = maphash.MakeSeed()
+
 // ErrClosed is returned by Deliver on a closed route.
 var ErrClosed = errors.New("route closed")
 
@@ -317,7 +361,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	r.inFlight.Add(1)
 	r.mInFlight.Inc()
 	r.mIn.Inc()
-	topic := r.Rewrite(m.Topic)
+	topic := r.rewriteCached(m.Topic)
 	retain := m.Retain && r.cfg.Retain != RetainClear
 	props := m.Properties
 	if props != nil && props.ResponseTopic != "" {
@@ -330,19 +374,19 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 	if r.cfg.LoopPeer != "" {
 		props = r.stampHop(props)
 	}
-	var pending atomic.Int32
-	pending.Store(int32(len(r.targets)))
-	finish := func() {
-		if pending.Add(-1) == 0 {
-			r.inFlight.Add(-1)
-			r.mInFlight.Dec()
-			<-r.slots
-			settled()
-		}
+	var shared *settlement
+	if len(r.targets) > 1 {
+		shared = &settlement{r: r, settled: settled}
+		shared.pending.Store(int32(len(r.targets)))
 	}
 	for _, t := range r.targets {
-		d := &delivery{t: t, finish: finish, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
+		d := &delivery{t: t, set: shared, msg: sender.Message{Topic: topic, SourceTopic: m.Topic, Payload: m.Payload,
 			QoS: m.QoS, Retain: retain, Received: m.Received, Properties: props, Route: r.cfg.ID, Fence: r.cfg.Fence, Tenure: r.cfg.Tenure}}
+		if shared == nil {
+			d.own.r, d.own.settled = r, settled
+			d.own.pending.Store(1)
+			d.set = &d.own
+		}
 		t.mu.Lock()
 		l := t.lanes[topic]
 		if l == nil {
@@ -485,13 +529,18 @@ func (d *delivery) done(err error) {
 	r.advance(t, d.msg.Topic, l)
 	r.flush(t)
 	if settle {
-		d.finish()
+		d.set.finish()
 	}
 }
 
 func removeItem(items []*delivery, d *delivery) []*delivery {
 	for i, o := range items {
 		if o == d {
+			if len(items) == 1 {
+				// Keep the array: the lane's next message reuses it.
+				items[0] = nil
+				return items[:0]
+			}
 			if i == 0 {
 				items[0] = nil
 				return items[1:]
@@ -648,18 +697,33 @@ type Dispatcher struct {
 
 // Handle implements mqtt.Handler.
 func (d *Dispatcher) Handle(m *mqtt.Message, ack func()) {
-	var matched []*Route
+	var first *Route
+	n := 0
 	for _, r := range d.Routes {
 		if r.Matches(m.Topic) {
-			matched = append(matched, r)
+			if n == 0 {
+				first = r
+			}
+			n++
 		}
 	}
-	if len(matched) == 0 {
+	switch n {
+	case 0:
 		if d.Metrics != nil {
 			d.Metrics.Unroutable.WithLabelValues(d.Session).Inc()
 		}
 		ack()
 		return
+	case 1:
+		// The common case: the route's settlement is the message's.
+		_ = first.Deliver(m, ack) // an error means closing: left unacknowledged
+		return
+	}
+	matched := make([]*Route, 0, n)
+	for _, r := range d.Routes {
+		if r.Matches(m.Topic) {
+			matched = append(matched, r)
+		}
 	}
 	var pending atomic.Int32
 	pending.Store(int32(len(matched)))

@@ -1,12 +1,17 @@
 // Package mqtt is the bridge's MQTT sender. It publishes at QoS 1 (or 0 or
-// 2: a QoS 2 message counts accepted at its PUBCOMP)
-// to another broker over paho.golang's packet codec with a pipeline: one
-// goroutine writes PUBLISH packets in the order they were sent, as many as
-// the broker's receive maximum allows in flight, and another matches the
-// PUBACKs. A message counts accepted when its PUBACK arrives with a success
-// reason code. Publishing each message on its own goroutine (or waiting
-// for each PUBACK before the next PUBLISH) would reorder or serialize the
-// stream; this keeps per-topic order at full pipeline depth.
+// 2: a QoS 2 message counts accepted at its PUBCOMP) to another broker
+// with a pipeline: PUBLISH packets are written in the order they were
+// sent, as many as the broker's receive maximum allows in flight, by
+// whichever goroutine holds the write lock — at a modest rate the one
+// calling Send, when nobody else writes (so a message costs no hand-over
+// to another goroutine); at high rates, and when acknowledgments open the
+// window again, the session's goroutine — and a reader matches the
+// PUBACKs. A message counts accepted when its PUBACK arrives with a
+// success reason code. Publishing each message on its own goroutine (or
+// waiting for each PUBACK before the next PUBLISH) would reorder or
+// serialize the stream; this keeps per-topic order at full pipeline depth.
+// The hot packets are encoded and decoded by package mqttconn, the rest by
+// paho.golang's codec.
 //
 // When the connection is lost or cannot be established, every
 // unacknowledged or queued message fails (the route retries it, then
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
@@ -59,6 +65,13 @@ type Sender struct {
 	cfg Config
 	log *slog.Logger
 
+	// wmu is held by whoever writes PUBLISH packets: the goroutine that
+	// calls Send, when nobody else is writing (no goroutine hand-over per
+	// message), or the session's goroutine when the window opens again.
+	wmu      sync.Mutex
+	w        writer
+	lastSend atomic.Int64 // nanotime of the latest Send
+
 	mu      sync.Mutex
 	queue   []item
 	pending map[uint16]item
@@ -92,6 +105,18 @@ func New(cfg Config) *Sender {
 	return s
 }
 
+// inlineGap is the time since the previous Send beyond which Send writes
+// itself (see Send): at 5,000 msg/s messages come 200µs apart, at full
+// speed a few µs apart, and there one write per message would cost more
+// than the hand-over that lets the session's goroutine write them in
+// batches.
+const inlineGap = 50 * time.Microsecond
+
+var clockBase = time.Now()
+
+// nanotime is a monotonic clock in nanoseconds.
+func nanotime() int64 { return int64(time.Since(clockBase)) }
+
 // Send queues m for publishing.
 func (s *Sender) Send(m *sender.Message, done func(error)) {
 	s.mu.Lock()
@@ -102,6 +127,21 @@ func (s *Sender) Send(m *sender.Message, done func(error)) {
 	}
 	s.queue = append(s.queue, item{m: m, done: done})
 	s.mu.Unlock()
+	now := nanotime()
+	light := now-s.lastSend.Swap(now) > int64(inlineGap)
+	// At a modest rate write it now, unless another goroutine is writing
+	// (that one takes it with the rest of the queue): no hand-over to the
+	// session's goroutine, which costs a wake-up per message. At high
+	// rates the session's goroutine writes, so that reading from the source
+	// broker and writing to this one run in parallel, in larger batches.
+	if light && s.wmu.TryLock() {
+		connected := s.w.conn != nil
+		_ = s.writeQueued() // a failed write ends the session through its reader
+		s.wmu.Unlock()
+		if connected {
+			return
+		}
+	}
 	signal(s.kick)
 }
 
@@ -188,13 +228,19 @@ func (s *Sender) session() error {
 	defer rwg.Wait()
 	defer conn.Close() // wakes the reader
 
-	var nextID uint16
-	var stamps stampCache
-	var seq uint64
+	s.wmu.Lock()
+	s.w = writer{conn: conn, recvMax: recvMax, lastWrite: time.Now()}
+	s.wmu.Unlock()
+	defer func() {
+		// After this no Send writes to conn: what is pending now fails
+		// with the connection (run's failPending).
+		s.wmu.Lock()
+		s.w = writer{}
+		s.wmu.Unlock()
+	}()
 	keepAlive := s.cfg.KeepAlive
 	tick := time.NewTicker(max(100*time.Millisecond, min(time.Second, s.cfg.Timeout/4)))
 	defer tick.Stop()
-	lastWrite := time.Now()
 	pingSent := time.Time{}
 	for {
 		select {
@@ -205,11 +251,17 @@ func (s *Sender) session() error {
 			return err
 		case <-tick.C:
 			now := time.Now()
+			s.wmu.Lock()
+			lastWrite := s.w.lastWrite
 			if keepAlive > 0 && now.Sub(lastWrite) >= keepAlive/2 && pingSent.IsZero() {
+				s.w.lastWrite = now
+				s.wmu.Unlock()
 				if _, err := packets.NewControlPacket(packets.PINGREQ).WriteTo(conn); err != nil {
 					return err
 				}
-				pingSent, lastWrite = now, now
+				pingSent = now
+			} else {
+				s.wmu.Unlock()
 			}
 			if !pingSent.IsZero() && lastRead.get().After(pingSent) {
 				pingSent = time.Time{}
@@ -224,127 +276,167 @@ func (s *Sender) session() error {
 		case <-s.kick:
 		case <-s.acked:
 		}
-		// Write what is queued, as far as the window allows.
-		for {
-			s.mu.Lock()
-			room := int(recvMax) - len(s.pending)
-			if room <= 0 || len(s.queue) == 0 {
-				s.mu.Unlock()
-				break
-			}
-			n := min(room, len(s.queue))
-			batch := make([]item, 0, n)
-			var withdrawn []item
-			var check sender.TenureCheck
-			for _, it := range s.queue[:n] {
-				// A withdrawn message waits for an earlier one of its
-				// topic that failed, or its tenure ended; it is not
-				// written.
-				if check.Withdrawn(it.m) {
-					withdrawn = append(withdrawn, it)
-					continue
-				}
-				batch = append(batch, it)
-			}
-			clear(s.queue[:n])
-			s.queue = s.queue[n:]
-			if len(s.queue) == 0 {
-				s.queue = nil
-			}
-			n = len(batch)
-			now := time.Now()
-			ids := make([]uint16, n)
-			for i := range batch {
-				if s.cfg.QoS == 0 {
-					continue
-				}
-				for {
-					nextID++
-					if nextID == 0 {
-						nextID = 1
-					}
-					if _, used := s.pending[nextID]; !used {
-						break
-					}
-				}
-				ids[i] = nextID
-				seq++
-				batch[i].sent, batch[i].seq = now, seq
-				s.pending[nextID] = batch[i]
-			}
-			s.mu.Unlock()
-			for _, it := range withdrawn {
-				it.done(sender.ErrWithdrawn)
-			}
-			for i, it := range batch {
-				props, expired := publishProperties(it.m, now, &stamps)
-				if expired {
-					// MQTT 5: a message whose expiry passed is not
-					// forwarded; it counts as delivered (nobody may
-					// receive it any more).
-					s.mu.Lock()
-					delete(s.pending, ids[i])
-					s.mu.Unlock()
-					it.done(nil)
-					continue
-				}
-				p := &packets.Publish{Topic: it.m.Topic, Payload: it.m.Payload, QoS: s.cfg.QoS, PacketID: ids[i], Retain: it.m.Retain,
-					Properties: props}
-				if _, err := p.WriteTo(conn); err != nil {
-					// Unwritten QoS 0 messages and the rest of the batch fail
-					// now; written QoS 1 ones fail with the connection.
-					for _, rest := range batch[i:] {
-						if s.cfg.QoS == 0 {
-							rest.done(err)
-						}
-					}
-					return err
-				}
-				if s.cfg.QoS == 0 {
-					it.done(nil)
-				}
-			}
-			lastWrite = now
+		s.wmu.Lock()
+		err := s.writeQueued()
+		s.wmu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 }
 
-// stampCache builds the MQTT 5 user properties that carry an exclusive
-// session's fencing stamp (package fence), once per stamp: a tenure's
-// messages share one, and encoding only reads it.
-type stampCache struct {
-	stamp fence.Stamp
-	props *packets.Properties
+// writer is the state of writing PUBLISH packets on the current
+// connection, under Sender.wmu: whoever holds wmu writes.
+type writer struct {
+	conn      *mqttconn.Conn // nil: not connected
+	recvMax   uint16
+	lastWrite time.Time
+	nextID    uint16
+	seq       uint64
+	stamps    stampCache
+	// Reused from batch to batch.
+	batch, withdrawn, written []item
+	ids                       []uint16
+	out                       []byte
 }
 
-// properties returns the properties for f; nil for a non-exclusive
-// session's message.
-func (c *stampCache) properties(f fence.Stamp) *packets.Properties {
+// writeQueued writes what is queued, as far as the window allows, with
+// s.wmu held: the batch's PUBLISH packets are encoded into one buffer and
+// leave in one write. A write error closes the connection (the reader
+// then ends the session) and is returned.
+func (s *Sender) writeQueued() error {
+	w := &s.w
+	if w.conn == nil {
+		return nil
+	}
+	for {
+		s.mu.Lock()
+		room := int(w.recvMax) - len(s.pending)
+		if room <= 0 || len(s.queue) == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		n := min(room, len(s.queue))
+		batch, withdrawn := w.batch[:0], w.withdrawn[:0]
+		var check sender.TenureCheck
+		for _, it := range s.queue[:n] {
+			// A withdrawn message waits for an earlier one of its topic
+			// that failed, or its tenure ended; it is not written.
+			if check.Withdrawn(it.m) {
+				withdrawn = append(withdrawn, it)
+				continue
+			}
+			batch = append(batch, it)
+		}
+		clear(s.queue[:n])
+		if n == len(s.queue) {
+			s.queue = s.queue[:0] // reused: Send appends without allocating
+		} else {
+			s.queue = s.queue[n:]
+		}
+		now := time.Now()
+		ids := w.ids[:0]
+		for i := range batch {
+			if s.cfg.QoS == 0 {
+				ids = append(ids, 0)
+				continue
+			}
+			for {
+				w.nextID++
+				if w.nextID == 0 {
+					w.nextID = 1
+				}
+				if _, used := s.pending[w.nextID]; !used {
+					break
+				}
+			}
+			ids = append(ids, w.nextID)
+			w.seq++
+			batch[i].sent, batch[i].seq = now, w.seq
+			s.pending[w.nextID] = batch[i]
+		}
+		s.mu.Unlock()
+		for i, it := range withdrawn {
+			it.done(sender.ErrWithdrawn)
+			withdrawn[i] = item{}
+		}
+		out := w.out[:0]
+		written := w.written[:0] // QoS 0: accepted once written
+		for i, it := range batch {
+			props, expired := publishProperties(it.m, now, &w.stamps)
+			if expired {
+				// MQTT 5: a message whose expiry passed is not forwarded;
+				// it counts as delivered (nobody may receive it any more).
+				s.mu.Lock()
+				delete(s.pending, ids[i])
+				s.mu.Unlock()
+				it.done(nil)
+				continue
+			}
+			out = mqttconn.AppendPublish(out, it.m.Topic, ids[i], s.cfg.QoS, it.m.Retain, false, props, it.m.Payload)
+			if s.cfg.QoS == 0 {
+				written = append(written, it)
+			}
+		}
+		clear(batch)
+		var err error
+		if len(out) > 0 {
+			err = w.conn.WritePacket(out)
+			w.lastWrite = now
+		}
+		// Unwritten QoS 0 messages fail now; QoS 1 and 2 ones fail with
+		// the connection.
+		for i, it := range written {
+			it.done(err)
+			written[i] = item{}
+		}
+		if cap(out) > 1<<20 {
+			out = nil // do not keep a buffer that one large batch grew
+		}
+		w.batch, w.withdrawn, w.written, w.ids, w.out = batch, withdrawn, written[:0], ids, out
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// stampCache encodes the MQTT 5 user properties that carry an exclusive
+// session's fencing stamp (package fence), once per stamp: a tenure's
+// messages share one.
+type stampCache struct {
+	stamp fence.Stamp
+	props []byte
+}
+
+// properties returns the encoded properties for f; nil for a
+// non-exclusive session's message.
+func (c *stampCache) properties(f fence.Stamp) []byte {
 	if f.IsZero() {
 		return nil
 	}
 	if c.props == nil || f != c.stamp {
 		c.stamp = f
-		c.props = &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+		pp := &packets.Properties{User: []packets.User{{Key: fence.MQTTLeaseVersion, Value: f.Version()}, {Key: fence.MQTTSessionID, Value: f.SessionID}}}
+		c.props = pp.Pack(packets.PUBLISH)
 	}
 	return c.props
 }
 
-// publishProperties are the PUBLISH properties of m at now: its MQTT 5
-// properties carried through, the message expiry decremented by the time
-// since the bridge received m (expired reports that none is left), and an
-// exclusive session's fencing stamp as user properties (package fence),
-// which replaces a stamp the message arrived with. nil when there are
-// none; a message with only a stamp shares stamps' cached properties (the
-// common case of an exclusive session costs no allocation).
-func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (props *packets.Properties, expired bool) {
+// publishProperties are the encoded PUBLISH properties of m at now: its
+// MQTT 5 properties carried through, the message expiry decremented by the
+// time since the bridge received m (expired reports that none is left),
+// and an exclusive session's fencing stamp as user properties (package
+// fence), which replaces a stamp the message arrived with. nil when there
+// are none; a message with only a stamp shares stamps' cached encoding
+// (the common case of an exclusive session costs no allocation).
+func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (props []byte, expired bool) {
 	mp := m.Properties
 	if mp == nil {
 		return stamps.properties(m.Fence), false
 	}
-	props = &packets.Properties{}
-	props.ContentType, props.PayloadFormat = mp.ContentType, mp.PayloadFormat
-	props.ResponseTopic, props.CorrelationData = mp.ResponseTopic, mp.CorrelationData
+	pp := &packets.Properties{}
+	pp.ContentType, pp.PayloadFormat = mp.ContentType, mp.PayloadFormat
+	pp.ResponseTopic, pp.CorrelationData = mp.ResponseTopic, mp.CorrelationData
 	if mp.MessageExpiry != nil {
 		held := uint32(0)
 		if !m.Received.IsZero() && now.After(m.Received) {
@@ -354,18 +446,18 @@ func publishProperties(m *sender.Message, now time.Time, stamps *stampCache) (pr
 			return nil, true
 		}
 		left := *mp.MessageExpiry - held
-		props.MessageExpiry = &left
+		pp.MessageExpiry = &left
 	}
 	for _, u := range mp.User {
 		if !m.Fence.IsZero() && (u.Key == fence.MQTTLeaseVersion || u.Key == fence.MQTTSessionID) {
 			continue
 		}
-		props.User = append(props.User, packets.User{Key: u.Key, Value: u.Value})
+		pp.User = append(pp.User, packets.User{Key: u.Key, Value: u.Value})
 	}
 	if !m.Fence.IsZero() {
-		props.User = append(props.User, packets.User{Key: fence.MQTTLeaseVersion, Value: m.Fence.Version()}, packets.User{Key: fence.MQTTSessionID, Value: m.Fence.SessionID})
+		pp.User = append(pp.User, packets.User{Key: fence.MQTTLeaseVersion, Value: m.Fence.Version()}, packets.User{Key: fence.MQTTSessionID, Value: m.Fence.SessionID})
 	}
-	return props, false
+	return pp.Pack(packets.PUBLISH), false
 }
 
 func (s *Sender) oldestPending() time.Time {
@@ -425,75 +517,111 @@ func (s *Sender) connect(ctx context.Context) (*mqttconn.Conn, uint16, error) {
 }
 
 func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
+	var out []byte
 	for {
-		p, err := packets.ReadPacket(conn)
+		hdr, body, err := conn.ReadPacket()
 		if err != nil {
 			return err
 		}
 		last.set(time.Now())
-		switch c := p.Content.(type) {
-		case *packets.Puback:
-			s.mu.Lock()
-			it, ok := s.pending[c.PacketID]
-			delete(s.pending, c.PacketID)
-			s.mu.Unlock()
-			signal(s.acked)
+		switch hdr >> 4 {
+		case packets.PUBACK:
+			id, code, err := mqttconn.DecodeAck(body)
+			if err != nil {
+				return err
+			}
+			it, ok := s.settle(id)
 			if !ok {
 				continue
 			}
-			if c.ReasonCode >= 0x80 {
-				err := fmt.Errorf("broker refused the message: %s", c.Reason())
-				if PermanentReason(c.ReasonCode) {
+			if code >= 0x80 {
+				err := fmt.Errorf("broker refused the message: %s", (&packets.Puback{ReasonCode: code}).Reason())
+				if PermanentReason(code) {
 					err = sender.Permanent(err)
 				}
 				it.done(err)
 			} else {
 				it.done(nil)
 			}
-		case *packets.Pubrec:
+		case packets.PUBREC:
 			// QoS 2, first half: the broker has the message. A refusal
 			// ends the exchange; otherwise release it with PUBREL and
 			// wait for PUBCOMP (the message keeps its slot until then).
+			id, code, err := mqttconn.DecodeAck(body)
+			if err != nil {
+				return err
+			}
 			s.mu.Lock()
-			it, ok := s.pending[c.PacketID]
-			if ok && c.ReasonCode >= 0x80 {
-				delete(s.pending, c.PacketID)
+			it, ok := s.pending[id]
+			if ok && code >= 0x80 {
+				delete(s.pending, id)
 			}
 			s.mu.Unlock()
 			if !ok {
 				continue
 			}
-			if c.ReasonCode >= 0x80 {
-				signal(s.acked)
-				err := fmt.Errorf("broker refused the message: %s", c.Reason())
-				if PermanentReason(c.ReasonCode) {
+			if code >= 0x80 {
+				s.signalRoom()
+				err := fmt.Errorf("broker refused the message: %s", (&packets.Pubrec{ReasonCode: code}).Reason())
+				if PermanentReason(code) {
 					err = sender.Permanent(err)
 				}
 				it.done(err)
 				continue
 			}
-			if _, err := (&packets.Pubrel{PacketID: c.PacketID}).WriteTo(conn); err != nil {
+			out = mqttconn.AppendAck(out[:0], packets.PUBREL, id, 0)
+			if err := conn.WritePacket(out); err != nil {
 				return err
 			}
-		case *packets.Pubcomp:
-			s.mu.Lock()
-			it, ok := s.pending[c.PacketID]
-			delete(s.pending, c.PacketID)
-			s.mu.Unlock()
-			signal(s.acked)
+		case packets.PUBCOMP:
+			id, code, err := mqttconn.DecodeAck(body)
+			if err != nil {
+				return err
+			}
+			it, ok := s.settle(id)
 			if !ok {
 				continue
 			}
-			if c.ReasonCode >= 0x80 {
+			if code >= 0x80 {
 				// Packet identifier not found: the broker lost the
 				// exchange; publishing again is the way to deliver.
-				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", c.Reason()))
+				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", (&packets.Pubcomp{ReasonCode: code}).Reason()))
 			} else {
 				it.done(nil)
 			}
-		case *packets.Disconnect:
-			return fmt.Errorf("broker sent DISCONNECT: %s", c.Reason())
+		case packets.DISCONNECT:
+			cp, err := mqttconn.Parse(hdr, body)
+			if err != nil {
+				return fmt.Errorf("broker sent DISCONNECT: %w", err)
+			}
+			return fmt.Errorf("broker sent DISCONNECT: %s", cp.Content.(*packets.Disconnect).Reason())
 		}
+	}
+}
+
+// settle removes message id from the pending ones and frees its slot in
+// the window.
+func (s *Sender) settle(id uint16) (item, bool) {
+	s.mu.Lock()
+	it, ok := s.pending[id]
+	delete(s.pending, id)
+	waiting := len(s.queue) > 0
+	s.mu.Unlock()
+	if waiting {
+		signal(s.acked)
+	}
+	return it, ok
+}
+
+// signalRoom wakes the session's goroutine for messages that wait for
+// room in the window; when none waits, it is not woken (a wake-up per
+// message costs more CPU than the rest of the sender's work).
+func (s *Sender) signalRoom() {
+	s.mu.Lock()
+	waiting := len(s.queue) > 0
+	s.mu.Unlock()
+	if waiting {
+		signal(s.acked)
 	}
 }
 
