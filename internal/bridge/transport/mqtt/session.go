@@ -26,12 +26,10 @@ package mqtt
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -264,11 +262,11 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	// that the configuration no longer wants, one SUBSCRIBE for every
 	// wanted filter, and the refused ones once more. Each wait is bounded
 	// by reconcile_timeout: at most three of the four the bound allows.
-	previous := s.loadState()
+	previous := s.state().Load()
 	if !s.SessionPresent() {
 		previous = nil // a new broker session holds no subscriptions
 	}
-	if stale := staleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
+	if stale := StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
 		if err := s.unsubscribe(actCtx, l, stale); err != nil {
 			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
 		}
@@ -279,7 +277,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	if err != nil {
 		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
 	}
-	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	if missing := MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		g2, err := s.subscribe(actCtx, l, missing)
 		if err != nil {
 			return fmt.Errorf("%w: subscribe retry: %v", ErrActivation, err)
@@ -288,8 +286,8 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 			granted[k] = true
 		}
 	}
-	s.saveState(previous, granted)
-	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	s.state().Save(previous, granted)
+	if missing := MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
 	} else {
 		s.mu.Lock()
@@ -315,16 +313,6 @@ func filters(subs []Subscription) []string {
 	out := make([]string, len(subs))
 	for i, s := range subs {
 		out[i] = s.Filter
-	}
-	return out
-}
-
-func missingOf(want []Subscription, granted map[string]bool) []Subscription {
-	var out []Subscription
-	for _, w := range want {
-		if !granted[w.Filter] {
-			out = append(out, w)
-		}
 	}
 	return out
 }
@@ -411,68 +399,6 @@ func (s *Session) unsubscribe(ctx context.Context, l *link, topics []string) err
 		if uctx.Err() != nil {
 			return uctx.Err()
 		}
-	}
-}
-
-// staleFilters is previous minus the wanted filters, sorted.
-func staleFilters(previous []string, want []Subscription) []string {
-	var out []string
-	for _, p := range previous {
-		if !slices.ContainsFunc(want, func(w Subscription) bool { return w.Filter == p }) {
-			out = append(out, p)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-func (s *Session) loadState() []string {
-	if s.cfg.StateFile == "" {
-		return nil
-	}
-	b, err := os.ReadFile(s.cfg.StateFile)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("reading the subscription state", "file", s.cfg.StateFile, "err", err)
-		}
-		return nil
-	}
-	var st struct {
-		Filters []string `json:"filters"`
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		s.log.Warn("ignoring a corrupt subscription state", "file", s.cfg.StateFile, "err", err)
-		return nil
-	}
-	return st.Filters
-}
-
-// saveState records what the broker session may hold now: the granted
-// filters plus any earlier ones not yet unsubscribed.
-func (s *Session) saveState(previous []string, granted map[string]bool) {
-	if s.cfg.StateFile == "" {
-		return
-	}
-	set := map[string]bool{}
-	for _, p := range previous {
-		set[p] = true
-	}
-	for f := range granted {
-		set[f] = true
-	}
-	filters := make([]string, 0, len(set))
-	for f := range set {
-		filters = append(filters, f)
-	}
-	slices.Sort(filters)
-	b, _ := json.Marshal(map[string]any{"client_id": s.cfg.ClientID, "filters": filters})
-	tmp := s.cfg.StateFile + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o640); err != nil {
-		s.log.Warn("writing the subscription state", "file", tmp, "err", err)
-		return
-	}
-	if err := os.Rename(tmp, s.cfg.StateFile); err != nil {
-		s.log.Warn("writing the subscription state", "file", s.cfg.StateFile, "err", err)
 	}
 }
 
@@ -641,4 +567,9 @@ func Match(filter, topic string) bool {
 		}
 		filter, topic = frest, trest
 	}
+}
+
+// state is the session's subscription state file.
+func (s *Session) state() SubscriptionState {
+	return SubscriptionState{File: s.cfg.StateFile, ClientID: s.cfg.ClientID, Log: s.log}
 }

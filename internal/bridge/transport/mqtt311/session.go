@@ -30,7 +30,6 @@ package mqtt311
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -194,11 +193,11 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	// Reconcile: UNSUBSCRIBE the filters a resumed session holds that the
 	// configuration no longer wants, SUBSCRIBE every wanted filter, and the
 	// refused ones once more, each wait within reconcile_timeout.
-	previous := s.loadState()
+	previous := s.state().Load()
 	if !s.SessionPresent() {
 		previous = nil // a new broker session holds no subscriptions
 	}
-	if stale := staleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
+	if stale := mqtt.StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
 		if err := s.wait(actCtx, cli.Unsubscribe(stale...)); err != nil {
 			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
 		}
@@ -209,7 +208,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	if err != nil {
 		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
 	}
-	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	if missing := mqtt.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		g2, err := s.subscribe(actCtx, cli, missing)
 		if err != nil {
 			return fmt.Errorf("%w: subscribe retry: %v", ErrActivation, err)
@@ -218,8 +217,8 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 			granted[k] = true
 		}
 	}
-	s.saveState(previous, granted)
-	if missing := missingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	s.state().Save(previous, granted)
+	if missing := mqtt.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
 	} else {
 		s.mu.Lock()
@@ -467,75 +466,7 @@ func filters(subs []mqtt.Subscription) []string {
 	return out
 }
 
-func missingOf(want []mqtt.Subscription, granted map[string]bool) []mqtt.Subscription {
-	var out []mqtt.Subscription
-	for _, w := range want {
-		if !granted[w.Filter] {
-			out = append(out, w)
-		}
-	}
-	return out
-}
-
-// staleFilters is previous minus the wanted filters, sorted.
-func staleFilters(previous []string, want []mqtt.Subscription) []string {
-	var out []string
-	for _, p := range previous {
-		if !slices.ContainsFunc(want, func(w mqtt.Subscription) bool { return w.Filter == p }) {
-			out = append(out, p)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// loadState and saveState keep the file of the MQTT 5 transport's format
-// (the filters this client_id subscribed), so that a session switched
-// between protocol versions still unsubscribes what it dropped.
-func (s *Session) loadState() []string {
-	if s.cfg.StateFile == "" {
-		return nil
-	}
-	b, err := os.ReadFile(s.cfg.StateFile)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("reading the subscription state", "file", s.cfg.StateFile, "err", err)
-		}
-		return nil
-	}
-	var st struct {
-		Filters []string `json:"filters"`
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		s.log.Warn("ignoring a corrupt subscription state", "file", s.cfg.StateFile, "err", err)
-		return nil
-	}
-	return st.Filters
-}
-
-func (s *Session) saveState(previous []string, granted map[string]bool) {
-	if s.cfg.StateFile == "" {
-		return
-	}
-	set := map[string]bool{}
-	for _, p := range previous {
-		set[p] = true
-	}
-	for f := range granted {
-		set[f] = true
-	}
-	fs := make([]string, 0, len(set))
-	for f := range set {
-		fs = append(fs, f)
-	}
-	slices.Sort(fs)
-	b, _ := json.Marshal(map[string]any{"client_id": s.cfg.ClientID, "filters": fs})
-	tmp := s.cfg.StateFile + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o640); err != nil {
-		s.log.Warn("writing the subscription state", "file", tmp, "err", err)
-		return
-	}
-	if err := os.Rename(tmp, s.cfg.StateFile); err != nil {
-		s.log.Warn("writing the subscription state", "file", s.cfg.StateFile, "err", err)
-	}
+// state is the session's subscription state file.
+func (s *Session) state() mqtt.SubscriptionState {
+	return mqtt.SubscriptionState{File: s.cfg.StateFile, ClientID: s.cfg.ClientID, Log: s.log}
 }
