@@ -28,16 +28,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
-	"github.com/eclipse/paho.mqtt.golang/packets"
 
-	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/paho311"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 )
 
@@ -301,66 +298,23 @@ func tokenErr(tok paho.Token) error {
 // connect dials the broker and completes CONNECT/CONNACK within
 // connect_timeout with a fresh client whose own reconnect is off.
 func (s *Sender) connect() (paho.Client, <-chan error, error) {
-	cctx, cancel := context.WithTimeout(s.ctx, s.cfg.ConnectTimeout)
-	defer cancel()
 	lost := make(chan error, 1)
-	var connMu sync.Mutex
-	var conn net.Conn
 	opts := paho.NewClientOptions().
-		AddBroker(s.cfg.Broker).
-		SetClientID(s.cfg.ClientID).
-		SetProtocolVersion(4).
 		SetCleanSession(true).
 		SetKeepAlive(s.cfg.KeepAlive).
-		SetConnectTimeout(s.cfg.ConnectTimeout).
 		// Paho's Publish waits this long to hand a packet to its writer;
 		// only a connection that is being lost makes it wait, so it is kept
 		// short: the loss is noticed, and the message fails, in time.
 		SetWriteTimeout(min(s.cfg.Timeout, time.Second)).
-		SetAutoReconnect(false).
-		SetConnectRetry(false).
 		SetConnectionLostHandler(func(_ paho.Client, err error) {
 			select {
 			case lost <- err:
 			default:
 			}
-		}).
-		SetCustomOpenConnectionFn(func(*url.URL, paho.ClientOptions) (net.Conn, error) {
-			c, err := mqttconn.Dial(cctx, s.cfg.Broker, s.cfg.TLS)
-			if err != nil {
-				return nil, err
-			}
-			connMu.Lock()
-			conn = c
-			connMu.Unlock()
-			return c, nil
 		})
-	if s.cfg.Username != "" {
-		opts.SetUsername(s.cfg.Username)
-	}
-	if len(s.cfg.Password) > 0 {
-		opts.SetPassword(string(s.cfg.Password))
-	}
-	cli := paho.NewClient(opts)
-	tok := cli.Connect()
-	select {
-	case <-tok.Done():
-	case <-cctx.Done():
-		connMu.Lock()
-		if conn != nil {
-			_ = conn.Close()
-		}
-		connMu.Unlock()
-		<-tok.Done()
-		if tok.Error() == nil {
-			cli.Disconnect(0)
-		}
-		return nil, nil, fmt.Errorf("connect_timeout %v passed", s.cfg.ConnectTimeout)
-	}
-	if err := tok.Error(); err != nil {
-		if rc := tok.(*paho.ConnectToken).ReturnCode(); rc != packets.Accepted && rc != packets.ErrNetworkError {
-			return nil, nil, fmt.Errorf("broker refused the connection (CONNACK return code %d): %w", rc, err)
-		}
+	cli, _, err := paho311.Connect(s.ctx, opts, paho311.Dial{Broker: s.cfg.Broker, TLS: s.cfg.TLS, Username: s.cfg.Username,
+		Password: s.cfg.Password, ClientID: s.cfg.ClientID, Timeout: s.cfg.ConnectTimeout})
+	if err != nil {
 		return nil, nil, err
 	}
 	return cli, lost, nil

@@ -33,18 +33,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
-	"github.com/eclipse/paho.mqtt.golang/packets"
 
-	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/paho311"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
@@ -297,19 +294,9 @@ func (s *Session) subscribe(ctx context.Context, cli paho.Client, subs []mqtt.Su
 // connect_timeout, with a fresh Paho client whose own reconnect and retry
 // are off.
 func (s *Session) connect(ctx context.Context, broker string, acks *acker, lost chan<- error) (paho.Client, error) {
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
-	defer cancel()
-	var connMu sync.Mutex
-	var conn net.Conn
 	opts := paho.NewClientOptions().
-		AddBroker(broker).
-		SetClientID(s.cfg.ClientID).
-		SetProtocolVersion(4). // 3.1.1 exactly, no fallback to 3.1
 		SetCleanSession(s.cfg.CleanStart).
 		SetKeepAlive(s.cfg.KeepAlive).
-		SetConnectTimeout(s.cfg.ConnectTimeout).
-		SetAutoReconnect(false).
-		SetConnectRetry(false).
 		SetResumeSubs(false).
 		SetOrderMatters(true).    // one handler call at a time, in arrival order
 		SetAutoAckDisabled(true). // acknowledged when the routes accepted it
@@ -319,51 +306,15 @@ func (s *Session) connect(ctx context.Context, broker string, acks *acker, lost 
 			case lost <- err:
 			default:
 			}
-		}).
-		SetCustomOpenConnectionFn(func(*url.URL, paho.ClientOptions) (net.Conn, error) {
-			c, err := mqttconn.Dial(cctx, broker, s.cfg.TLS)
-			if err != nil {
-				return nil, err
-			}
-			connMu.Lock()
-			conn = c
-			connMu.Unlock()
-			return c, nil
 		})
-	if s.cfg.Username != "" {
-		opts.SetUsername(s.cfg.Username)
+	cli, present, err := paho311.Connect(ctx, opts, paho311.Dial{Broker: broker, TLS: s.cfg.TLS, Username: s.cfg.Username,
+		Password: s.cfg.Password, ClientID: s.cfg.ClientID, Timeout: s.cfg.ConnectTimeout})
+	if errors.Is(err, paho311.ErrConnectTimeout) {
+		return nil, fmt.Errorf("%w: %v", ErrActivation, err)
 	}
-	if len(s.cfg.Password) > 0 {
-		opts.SetPassword(string(s.cfg.Password))
-	}
-	cli := paho.NewClient(opts)
-	tok := cli.Connect()
-	select {
-	case <-tok.Done():
-	case <-cctx.Done():
-		// Paho's handshake deadline is connect_timeout too; closing the
-		// connection makes sure that the attempt ends now.
-		connMu.Lock()
-		if conn != nil {
-			_ = conn.Close()
-		}
-		connMu.Unlock()
-		<-tok.Done()
-		if tok.Error() == nil {
-			cli.Disconnect(0)
-		}
-		return nil, fmt.Errorf("%w: connect_timeout %v passed", ErrActivation, s.cfg.ConnectTimeout)
-	}
-	if err := tok.Error(); err != nil {
-		if cctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("%w: connect_timeout %v passed: %v", ErrActivation, s.cfg.ConnectTimeout, err)
-		}
-		if rc := tok.(*paho.ConnectToken).ReturnCode(); rc != packets.Accepted && rc != packets.ErrNetworkError {
-			return nil, fmt.Errorf("broker refused the connection (CONNACK return code %d): %w", rc, err)
-		}
+	if err != nil {
 		return nil, err
 	}
-	present := tok.(*paho.ConnectToken).SessionPresent()
 	s.mu.Lock()
 	s.sessionResume = present
 	s.mu.Unlock()
