@@ -99,3 +99,45 @@ func (e *errReader) Read(p []byte) (int, error) {
 }
 
 func (e *errReader) Seek(offset int64, whence int) (int64, error) { return e.r.Seek(offset, whence) }
+
+// WriteProgressDeadline lets a response run as long as it makes progress.
+// The HTTP server's write timeout (server.httpWriteTimeout) bounds a whole
+// response, which is right for the API and wrong for an artifact: it cut
+// every download that took longer (1,000 agents fetching 200 MiB from two
+// replicas all failed at 60 s). Here each write of the body moves the
+// deadline d ahead, so a client that stops reading is still cut off d
+// after its last progress.
+func WriteProgressDeadline(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		now := time.Now()
+		if err := rc.SetWriteDeadline(now.Add(d)); err != nil {
+			h.ServeHTTP(w, r) // no deadlines to move (not a net/http server)
+			return
+		}
+		h.ServeHTTP(&progressWriter{ResponseWriter: w, rc: rc, d: d, moved: now}, r)
+	})
+}
+
+// progressWriter moves the write deadline at most every d/4, so that a
+// write never starts with less than 3d/4 left and the timer is not reset
+// for every 32 KiB.
+type progressWriter struct {
+	http.ResponseWriter
+	rc    *http.ResponseController
+	d     time.Duration
+	moved time.Time
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	if now := time.Now(); now.Sub(p.moved) >= p.d/4 {
+		if err := p.rc.SetWriteDeadline(now.Add(p.d)); err != nil {
+			return 0, err
+		}
+		p.moved = now
+	}
+	return p.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (p *progressWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }

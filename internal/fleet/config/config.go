@@ -363,7 +363,7 @@ var Settings = []Setting{
 	durSetting("server.httpReadTimeout", "30s", time.Second, 10*time.Minute,
 		"Time to read a whole API/UI request, body included.", func(c *Config) *time.Duration { return &c.Server.HTTPReadTimeout }),
 	durSetting("server.httpWriteTimeout", "60s", time.Second, 10*time.Minute,
-		"Time to write an API/UI response.", func(c *Config) *time.Duration { return &c.Server.HTTPWriteTimeout }),
+		"Time to write an API/UI response; for an artifact download, the longest time without progress (a download may take longer as long as it moves).", func(c *Config) *time.Duration { return &c.Server.HTTPWriteTimeout }),
 	durSetting("server.httpIdleTimeout", "120s", time.Second, time.Hour,
 		"How long an idle keep-alive API/UI connection stays open.", func(c *Config) *time.Duration { return &c.Server.HTTPIdleTimeout }),
 	intSetting("server.maxRequestBytes", "4194304", 4096, 1<<30,

@@ -217,7 +217,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
-	mux.Handle("GET "+artifacts.PathPrefix, artifacts.Handler(d.Store.Pool, AgentAuth(cfg, d.Store, tokens), d.log, s3Store(s3)...))
+	// server.httpWriteTimeout bounds an API response; for a download it is
+	// the longest time without progress.
+	mux.Handle("GET "+artifacts.PathPrefix, artifacts.WriteProgressDeadline(
+		artifacts.Handler(d.Store.Pool, AgentAuth(cfg, d.Store, tokens), d.log, s3Store(s3)...), cfg.Server.HTTPWriteTimeout))
 	if poller != nil {
 		// Verified by its HMAC signature, not by an API token.
 		mux.Handle("POST /api/v1/gitops/webhook", poller.Webhook())
