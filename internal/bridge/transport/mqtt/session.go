@@ -194,16 +194,27 @@ func (s *Session) Drain() { s.draining.Store(true) }
 // broker session (session expiry) so that a successor resumes it.
 func (s *Session) Run(ctx context.Context) error {
 	defer s.setLevel(LevelNone)
+	return Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(LevelNone) }, s.cfg.ConnectTimeout, s.log)
+}
+
+// Reconnect is a session's life, for either protocol version: connection
+// after connection, with a backoff from 100ms doubling up to
+// max(1s, connect_timeout) (reset after a connection that lasted 10s),
+// until ctx ends (nil) or the tenure is invalid (ErrTenureEnded, checked
+// before every connection, so that an ended tenure never takes the
+// client_id back). down is called after each connection ends.
+func Reconnect(ctx context.Context, valid func() bool, connection func(ctx context.Context, attempt int) error, down func(),
+	connectTimeout time.Duration, log *slog.Logger) error {
 	backoff := 100 * time.Millisecond
 	attempt := 0
 	for {
-		if !s.valid() {
-			s.log.Warn("lease tenure ended; not connecting")
+		if !valid() {
+			log.Warn("lease tenure ended; not connecting")
 			return ErrTenureEnded
 		}
 		start := time.Now()
-		err := s.connection(ctx, attempt)
-		s.setLevel(LevelNone)
+		err := connection(ctx, attempt)
+		down()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -214,13 +225,13 @@ func (s *Session) Run(ctx context.Context) error {
 		if time.Since(start) > 10*time.Second {
 			backoff = 100 * time.Millisecond
 		}
-		s.log.Warn("mqtt session lost; reconnecting", "err", err, "backoff", backoff)
+		log.Warn("mqtt session lost; reconnecting", "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, max(time.Second, s.cfg.ConnectTimeout))
+		backoff = min(2*backoff, max(time.Second, connectTimeout))
 	}
 }
 

@@ -121,34 +121,7 @@ func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Vali
 // ErrTenureEnded once the tenure is invalid: it never connects after that.
 func (s *Session) Run(ctx context.Context) error {
 	defer s.setLevel(mqtt.LevelNone)
-	backoff := 100 * time.Millisecond
-	attempt := 0
-	for {
-		if !s.valid() {
-			s.log.Warn("lease tenure ended; not connecting")
-			return ErrTenureEnded
-		}
-		start := time.Now()
-		err := s.connection(ctx, attempt)
-		s.setLevel(mqtt.LevelNone)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, ErrTenureEnded) {
-			return err
-		}
-		attempt++
-		if time.Since(start) > 10*time.Second {
-			backoff = 100 * time.Millisecond
-		}
-		s.log.Warn("mqtt session lost; reconnecting", "err", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, max(time.Second, s.cfg.ConnectTimeout))
-	}
+	return mqtt.Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(mqtt.LevelNone) }, s.cfg.ConnectTimeout, s.log)
 }
 
 // connection runs one connection: activation, then serving until loss.
