@@ -2,16 +2,8 @@ package mqttconn_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -23,32 +15,20 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/testpki"
 )
 
 // pki is a test certificate authority with its files in dir.
 type pki struct {
-	dir  string
-	key  *ecdsa.PrivateKey
-	cert *x509.Certificate
-	CA   string // PEM file of the CA certificate
+	dir string
+	ca  *testpki.CA
+	CA  string // PEM file of the CA certificate
 }
 
 func newPKI(t *testing.T, dir, name string) *pki {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	p := &pki{dir: dir, key: key, cert: cert, CA: filepath.Join(dir, name+"-ca.pem")}
-	writePEM(t, p.CA, "CERTIFICATE", der)
+	p := &pki{dir: dir, ca: testpki.NewCA(t, name), CA: filepath.Join(dir, name+"-ca.pem")}
+	testpki.WritePEM(t, p.CA, "CERTIFICATE", p.ca.Cert.Raw)
 	return p
 }
 
@@ -56,37 +36,9 @@ func newPKI(t *testing.T, dir, name string) *pki {
 // client-auth usage) and its key; it returns the two file names.
 func (p *pki) issue(t *testing.T, name string, server bool) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature}
-	if server {
-		tmpl.DNSNames = []string{name}
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	} else {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
 	certFile, keyFile = filepath.Join(p.dir, name+".pem"), filepath.Join(p.dir, name+".key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "EC PRIVATE KEY", kder)
+	testpki.WriteCert(t, p.ca.Issue(t, name, server), certFile, keyFile)
 	return certFile, keyFile
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // server is one broker under test: its URL and how to start it.
@@ -153,9 +105,7 @@ func (f *fixture) start(t *testing.T, kind string, spec brokerSpec) string {
 		}
 		opts.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		if spec.clientCert {
-			pool := x509.NewCertPool()
-			pool.AddCert(f.ca.cert)
-			opts.TLS.ClientCAs, opts.TLS.ClientAuth = pool, tls.RequireAndVerifyClientCert
+			opts.TLS.ClientCAs, opts.TLS.ClientAuth = f.ca.ca.Pool(), tls.RequireAndVerifyClientCert
 		}
 	}
 	b, err := embroker.StartWith("", nil, opts)

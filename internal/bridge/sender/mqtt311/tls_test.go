@@ -1,13 +1,7 @@
 package mqtt311_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -16,42 +10,16 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	"github.com/myriarch/myriarch/internal/testpki"
 )
-
-// testCA returns a server TLS configuration for "localhost" signed by a
-// new CA, and a client configuration that trusts that CA.
-func testCA(t *testing.T) (server, client *tls.Config) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12},
-		&tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12}
-}
 
 // The 3.1.1 sender dials through the bridge's TLS configuration and sends
 // its credentials: with the right CA and password a message is accepted;
 // a server certificate from another CA and a wrong password fail the
 // message with the reason.
 func TestTLSAndCredentials(t *testing.T) {
-	serverTLS, clientTLS := testCA(t)
-	_, otherCA := testCA(t)
+	serverTLS, clientTLS := testpki.Localhost(t)
+	_, otherCA := testpki.Localhost(t)
 	b, err := embroker.StartWith("", nil, embroker.Options{TLS: serverTLS, Users: map[string]string{"bridge": "s3cret"}})
 	if err != nil {
 		t.Fatal(err)
