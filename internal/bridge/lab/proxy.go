@@ -12,10 +12,14 @@ import (
 // RST — which is what a lost route looks like to both ends: only
 // keepalives notice. Refuse makes it close every new connection at once,
 // the way a firewall's reject or a broker's ACL looks to a client.
+// SwallowReplies swallows only what the target sends (a PUBACK that never
+// arrives), and Cut closes the open connections, a dropped link that both
+// ends notice at once.
 type Proxy struct {
 	l        net.Listener
 	target   string
 	hole     atomic.Bool
+	replies  atomic.Bool
 	refuse   atomic.Bool
 	accepted atomic.Int64
 
@@ -41,6 +45,20 @@ func (p *Proxy) Addr() string { return p.l.Addr().String() }
 
 // Blackhole starts (true) or ends (false) swallowing traffic.
 func (p *Proxy) Blackhole(on bool) { p.hole.Store(on) }
+
+// SwallowReplies starts (true) or ends (false) swallowing what the target
+// sends, while what the client sends still arrives.
+func (p *Proxy) SwallowReplies(on bool) { p.replies.Store(on) }
+
+// Cut closes every open connection; new ones are accepted as before.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
 
 // Refuse starts (true) or ends (false) closing new connections at once.
 func (p *Proxy) Refuse(on bool) { p.refuse.Store(on) }
@@ -83,17 +101,18 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.wg.Add(2)
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, true)
+		go p.pipe(up, c, false)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst; reply says src is the target.
+func (p *Proxy) pipe(dst, src net.Conn, reply bool) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.hole.Load() {
+		if n > 0 && !p.hole.Load() && !(reply && p.replies.Load()) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				err = werr
 			}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/lease"
 )
@@ -76,75 +76,15 @@ func wait311(t *testing.T, tok paho3.Token) {
 	}
 }
 
-// tcpCutter forwards connections to target; cut closes the open ones.
-type tcpCutter struct {
-	l     net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
-}
-
-func newTCPCutter(t *testing.T, target string) *tcpCutter {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// proxyTo is a TCP proxy to target whose Cut drops the open connections.
+func proxyTo(t *testing.T, target string) *lab.Proxy {
+	t.Helper()
+	px, err := lab.NewProxy(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &tcpCutter{l: l}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			c.mu.Lock()
-			c.conns = append(c.conns, in, up)
-			c.mu.Unlock()
-			c.wg.Add(2)
-			for _, d := range [][2]net.Conn{{in, up}, {up, in}} {
-				go func() {
-					defer c.wg.Done()
-					buf := make([]byte, 32<<10)
-					for {
-						n, err := d[1].Read(buf)
-						if n > 0 {
-							if _, werr := d[0].Write(buf[:n]); werr != nil {
-								err = werr
-							}
-						}
-						if err != nil {
-							_ = d[0].Close()
-							_ = d[1].Close()
-							return
-						}
-					}
-				}()
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = l.Close()
-		c.cut()
-		c.wg.Wait()
-	})
-	return c
-}
-
-func (c *tcpCutter) url() string { return "tcp://" + c.l.Addr().String() }
-
-func (c *tcpCutter) cut() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, x := range c.conns {
-		_ = x.Close()
-	}
-	c.conns = nil
+	t.Cleanup(func() { _ = px.Close() })
+	return px
 }
 
 // versionsTemplate bridges broker A to broker B three ways: 3.1.1 → 3.1.1
@@ -174,8 +114,8 @@ routes:
 func TestRoutesAcrossProtocolVersions(t *testing.T) {
 	eachBrokerPair(t, func(t *testing.T, p brokerPair) {
 		dir := t.TempDir()
-		src, dst := newTCPCutter(t, p.a), newTCPCutter(t, p.b)
-		y := strings.NewReplacer("DIR", dir, "SRC", src.url(), "DST", dst.url()).Replace(versionsTemplate)
+		src, dst := proxyTo(t, p.a), proxyTo(t, p.b)
+		y := strings.NewReplacer("DIR", dir, "SRC", "tcp://"+src.Addr(), "DST", "tcp://"+dst.Addr()).Replace(versionsTemplate)
 		cfg, err := config.Parse(filepath.Join(dir, "v.yaml"), []byte(y))
 		if err != nil {
 			t.Fatal(err)
@@ -214,9 +154,9 @@ func TestRoutesAcrossProtocolVersions(t *testing.T) {
 			}
 			switch i {
 			case n / 3:
-				src.cut()
+				src.Cut()
 			case 2 * n / 3:
-				dst.cut()
+				dst.Cut()
 			}
 		}
 		want := map[string]string{"a/v311/": "3.1.1 → 3.1.1", "b/v311/": "3.1.1 → 5", "c/v5/": "5 → 3.1.1"}

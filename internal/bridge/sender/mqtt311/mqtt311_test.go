@@ -2,11 +2,9 @@ package mqtt311_test
 
 import (
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
@@ -142,8 +141,12 @@ func checkOrder(t *testing.T, got []string) {
 func TestConnectionCutFailsInFlightThenRecovers(t *testing.T) {
 	eachBroker(t, func(t *testing.T, addr string) {
 		sub := subscribe(t, addr, "cut/#")
-		cut := newCutter(t, addr)
-		s := newSender(cut.addr(), 1)
+		cut, err := lab.NewProxy(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cut.Close()
+		s := newSender(cut.Addr(), 1)
 		defer closeSender(t, s)
 		const n = 300
 		var mu sync.Mutex
@@ -175,13 +178,13 @@ func TestConnectionCutFailsInFlightThenRecovers(t *testing.T) {
 			}
 		}
 		waitAccepted(n / 3)
-		cut.swallowReplies(true)
+		cut.SwallowReplies(true)
 		for i := n / 3; i < 2*n/3; i++ {
 			deliver(i)
 		}
 		waitAccepted(2 * n / 3) // published: the broker has them, the sender has no PUBACK
 		cut.Cut()
-		cut.swallowReplies(false)
+		cut.SwallowReplies(false)
 		for i := 2 * n / 3; i < n; i++ {
 			deliver(i)
 		}
@@ -262,81 +265,4 @@ func TestUnreachableBrokerFailsQueued(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not connected") {
 		t.Fatalf("got %v, want a not-connected failure", err)
 	}
-}
-
-// cutter forwards TCP connections to a broker; Cut closes the open ones.
-type cutter struct {
-	l     net.Listener
-	hole  atomic.Bool
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
-}
-
-func newCutter(t *testing.T, target string) *cutter {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cutter{l: l}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			c.mu.Lock()
-			c.conns = append(c.conns, in, up)
-			c.mu.Unlock()
-			c.wg.Add(2)
-			go c.pipe(up, in, false)
-			go c.pipe(in, up, true)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = l.Close()
-		c.Cut()
-		c.wg.Wait()
-	})
-	return c
-}
-
-func (c *cutter) addr() string { return c.l.Addr().String() }
-
-// swallowReplies starts (true) or ends dropping what the broker sends.
-func (c *cutter) swallowReplies(on bool) { c.hole.Store(on) }
-
-func (c *cutter) pipe(dst, src net.Conn, replies bool) {
-	defer c.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !(replies && c.hole.Load()) {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				err = werr
-			}
-		}
-		if err != nil {
-			_ = dst.Close()
-			_ = src.Close()
-			return
-		}
-	}
-}
-
-// Cut closes every forwarded connection.
-func (c *cutter) Cut() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, x := range c.conns {
-		_ = x.Close()
-	}
-	c.conns = nil
 }

@@ -2,9 +2,6 @@ package mqtt311
 
 import (
 	"fmt"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -84,69 +81,4 @@ func publish(t *testing.T, c paho.Client, topic string, qos byte, payload string
 	if tok := c.Publish(topic, qos, false, payload); !tok.WaitTimeout(20*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish %s: %v", payload, tok.Error())
 	}
-}
-
-// cutter forwards TCP connections to a broker; Cut closes the ones open,
-// which is a lost connection to both ends (the broker keeps a persistent
-// session, the client reconnects through the cutter).
-type cutter struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newCutter(t *testing.T, target string) *cutter {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cutter{l: l, target: target}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			c.mu.Lock()
-			c.conns = append(c.conns, in, up)
-			c.mu.Unlock()
-			c.wg.Add(2)
-			go c.pipe(in, up)
-			go c.pipe(up, in)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = l.Close()
-		c.Cut()
-		c.wg.Wait()
-	})
-	return c
-}
-
-func (c *cutter) url() string { return "tcp://" + c.l.Addr().String() }
-
-func (c *cutter) pipe(dst, src net.Conn) {
-	defer c.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-}
-
-// Cut closes every forwarded connection.
-func (c *cutter) Cut() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, x := range c.conns {
-		_ = x.Close()
-	}
-	c.conns = nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
@@ -186,9 +187,13 @@ func TestResumedSession(t *testing.T) {
 // order).
 func TestAtLeastOnceAcrossACutConnection(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
-		cut := newCutter(t, b.addr)
+		cut, err := lab.NewProxy(b.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cut.Close()
 		rec := &record{}
-		cfg := testConfig(cut.url(), "alo-bridge", rec.handle)
+		cfg := testConfig("tcp://"+cut.Addr(), "alo-bridge", rec.handle)
 		s, _ := start(t, cfg)
 		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
 		p := publisher(t, b.url)
