@@ -112,11 +112,6 @@ type Config struct {
 	// session's goroutine; it must not block.
 	OnLevel func(Level)
 	Logger  *slog.Logger
-	// AckInterval is no longer used: an acknowledgment the handler
-	// releases is written as soon as every earlier message of the
-	// connection is acknowledged too (MQTT's order), and the connection
-	// coalesces the writes (package mqttconn). Kept for compatibility.
-	AckInterval time.Duration
 	// StateFile, if set, remembers the filters this client_id subscribed,
 	// so that a resumed session's filters that the configuration no longer
 	// wants are unsubscribed during activation. MQTT cannot list a

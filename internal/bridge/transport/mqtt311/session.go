@@ -68,8 +68,7 @@ type Session struct {
 }
 
 // New validates cfg and returns a session that is not yet connected. The
-// MQTT 5 settings SessionExpiry, ReceiveMaximum and AckInterval do not
-// apply; CleanStart is MQTT 3.1.1's CleanSession.
+// MQTT 5 settings SessionExpiry and ReceiveMaximum do not apply; CleanStart is MQTT 3.1.1's CleanSession.
 func New(cfg mqtt.Config) (*Session, error) {
 	if len(cfg.Brokers) == 0 || cfg.ClientID == "" || cfg.Handler == nil {
 		return nil, errors.New("mqtt 3.1.1 session: Brokers, ClientID and Handler are required")
