@@ -80,9 +80,10 @@ func (f *flagTenure) Valid() bool { return f.ok.Load() }
 // reversed pairs (2 before 1, 4 before 3, ...), so that the session's
 // ordering of acknowledgments is exercised.
 type record struct {
-	mu   sync.Mutex
-	msgs []*mqtt.Message
-	prev func()
+	mu    sync.Mutex
+	msgs  []*mqtt.Message
+	prev  func()
+	acked atomic.Int64 // acknowledgments handed to the session
 }
 
 func (r *record) handle(m *mqtt.Message, ack func()) {
@@ -98,6 +99,7 @@ func (r *record) handle(m *mqtt.Message, ack func()) {
 	r.mu.Unlock()
 	ack()
 	prev()
+	r.acked.Add(2)
 }
 
 func (r *record) payloads() []string {
@@ -424,6 +426,9 @@ func TestRetainedMessages(t *testing.T) {
 			t.Fatal(tok.Error())
 		}
 		waitFor(t, "the live message", func() bool { return len(rec.payloads()) >= 2 })
+		// Stop only after both are acknowledged: an unacknowledged live
+		// message is rightly sent again on resume, as a live message.
+		waitFor(t, "both acknowledged", func() bool { return rec.acked.Load() >= 2 })
 		rec.mu.Lock()
 		first, live := *rec.msgs[0], *rec.msgs[1]
 		rec.mu.Unlock()
