@@ -46,11 +46,13 @@ func (e *Elector) lead(ctx context.Context, s *session, term int64) (stopped boo
 	e.mu.Lock()
 	e.leader, e.term, e.leaderCtx = true, term, lctx
 	watchdog = time.AfterFunc(e.lastAnswer.Add(e.k.ResignAfter).Sub(e.clock.Now()), expire)
-	e.mu.Unlock()
-	defer watchdog.Stop()
+	// The metrics change under the same lock that publishes the term, so
+	// that whoever sees the new term also sees it counted.
 	e.m.leader.Set(1)
 	e.m.term.Set(float64(term))
 	e.m.elections.Inc()
+	e.mu.Unlock()
+	defer watchdog.Stop()
 	e.log.Info("elected leader", "term", term, "lock_pid", s.pid)
 	if e.cfg.OnElected != nil {
 		e.cfg.OnElected(&Leadership{e: e, ctx: lctx, term: term})
@@ -114,10 +116,10 @@ loop:
 	// Give up leadership first: jobs stop before anything else happens.
 	e.mu.Lock()
 	e.leader = false
-	e.mu.Unlock()
-	lcancel(errResigned)
 	e.m.leader.Set(0)
 	e.m.resignations.WithLabelValues(reason).Inc()
+	e.mu.Unlock()
+	lcancel(errResigned)
 	if reason == ReasonStop {
 		e.log.Info("leader stopping", "term", term)
 	} else {

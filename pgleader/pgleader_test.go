@@ -444,6 +444,8 @@ func TestLeaderResignsWhenLockSessionEnds(t *testing.T) {
 	}
 	k := r.e.Keepalive()
 	waitFor(t, "leader context cancelled", k.ConfirmInterval+2*time.Second, func() bool { return lctx.Err() != nil })
+	// OnDemoted runs after the context ended (jobs stop first).
+	waitFor(t, "OnDemoted", 2*time.Second, func() bool { return demoted.Load() != nil })
 	if got, _ := demoted.Load().(string); got != ReasonSessionLost {
 		t.Errorf("OnDemoted reason %q", got)
 	}
