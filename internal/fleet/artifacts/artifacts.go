@@ -29,8 +29,8 @@
 // Retention: per package, the blobs of the newest keep versions plus those
 // of every version that an agent reports in its package statuses are kept;
 // other blobs are removed from their store, and so are partial large
-// objects of downloads that are no longer wanted and S3 objects without a
-// row.
+// objects and multipart uploads of downloads that are no longer wanted, S3
+// objects without a blob row and multipart uploads without a download row.
 package artifacts
 
 import (
@@ -52,7 +52,7 @@ import (
 
 // ChunkSize is the size of one read from the source and one write to the
 // store: the prefetcher's memory per download into PostgreSQL (an upload
-// to S3 buffers one part, blobstore.S3PartSize).
+// to S3 buffers one part, Options.S3PartSize).
 const ChunkSize = blobstore.ReadChunk
 
 // DefaultSegmentSize is how many bytes of a download into PostgreSQL are
@@ -81,6 +81,9 @@ type Options struct {
 	StoreS3 bool
 	// SegmentSize overrides DefaultSegmentSize (at least ChunkSize).
 	SegmentSize int64
+	// S3PartSize overrides blobstore.S3PartSize (at least
+	// blobstore.S3MinPartSize, S3's smallest part).
+	S3PartSize int64
 	Client      *http.Client
 	Log         *slog.Logger
 	// Registerer may be nil.
@@ -142,6 +145,9 @@ func New(o Options) *Prefetcher {
 	if o.SegmentSize < ChunkSize {
 		o.SegmentSize = DefaultSegmentSize
 	}
+	if o.S3PartSize < blobstore.S3MinPartSize {
+		o.S3PartSize = blobstore.S3PartSize
+	}
 	p := &Prefetcher{o: o, log: o.Log.With("component", "artifact_prefetch"),
 		mBytes:    prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_download_bytes_total", Help: "Bytes downloaded by the artifact prefetcher."}),
 		mBlobs:    prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_blobs_stored_total", Help: "Verified blobs stored by the artifact prefetcher."}),
@@ -149,7 +155,7 @@ func New(o Options) *Prefetcher {
 		mCurBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_artifact_download_progress_bytes", Help: "Bytes downloaded so far of a running download."}, []string{"digest"}),
 		mCurTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_artifact_download_size_bytes", Help: "Size of a running download (-1 unknown)."}, []string{"digest"}),
 		mUnlinked: prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_blobs_removed_total", Help: "Blobs removed by the retention of the artifact prefetcher."}),
-		mResumed:  prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_downloads_resumed_total", Help: "Downloads into PostgreSQL continued from the bytes a previous attempt committed."}),
+		mResumed:  prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_downloads_resumed_total", Help: "Downloads continued from the bytes a previous attempt committed (PostgreSQL segments or S3 parts)."}),
 	}
 	if o.Registerer != nil {
 		o.Registerer.MustRegister(p.mBytes, p.mBlobs, p.mFailures, p.mCurBytes, p.mCurTotal, p.mUnlinked, p.mResumed)

@@ -329,6 +329,12 @@ func (s *slowSource) requests() ([]string, []int64) {
 // servable.
 func interrupt(t *testing.T, e env, p *artifacts.Prefetcher, size int) {
 	t.Helper()
+	interruptAt(t, e, p, int64(size/2)-artifacts.ChunkSize)
+}
+
+// interruptAt is interrupt once at least committed bytes are committed.
+func interruptAt(t *testing.T, e env, p *artifacts.Prefetcher, committed int64) {
+	t.Helper()
 	ctx := context.Background()
 	lctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -338,7 +344,7 @@ func interrupt(t *testing.T, e env, p *artifacts.Prefetcher, size int) {
 		var written int64
 		_ = e.st.Pool.QueryRow(ctx, `SELECT written FROM artifact_downloads`).Scan(&written)
 		dls, _ := artifacts.Downloads(ctx, e.st.Pool)
-		return len(dls) == 1 && dls[0].State == "downloading" && written >= int64(size/2)-artifacts.ChunkSize && dls[0].Percent > 0
+		return len(dls) == 1 && dls[0].State == "downloading" && written >= committed && dls[0].Percent > 0
 	}) {
 		t.Fatal("no progress committed mid-download")
 	}

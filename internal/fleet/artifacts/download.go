@@ -1,11 +1,13 @@
 package artifacts
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -38,6 +40,13 @@ type claim struct {
 	store string
 	// oid is the large object (PostgreSQL) that the segments are written to.
 	oid uint32
+	// key, uploadID and parts are the multipart upload (S3) that the parts
+	// are written to, and the parts recorded so far.
+	key, uploadID string
+	parts         []blobstore.Part
+	// stale is an upload of a previous attempt that cannot be continued:
+	// aborted once the claim committed.
+	stale *blobstore.Upload
 	// offset bytes are committed; hash is the sha256 state after them.
 	offset  int64
 	hash    []byte
@@ -51,10 +60,11 @@ func (p *Prefetcher) inTerm(ctx context.Context, fence jobs.Fence, fn func(ctx c
 	return rollout.InTerm(ctx, fence, p.o.LockKey, fn)
 }
 
-// claim takes the download's row for this term. A download into
-// PostgreSQL whose large object, bytes and hash state a previous attempt
-// committed is continued; otherwise a previous large object is unlinked and
-// a new one created.
+// claim takes the download's row for this term. A download whose bytes
+// and hash state a previous attempt committed is continued: into
+// PostgreSQL, its large object; into S3, its multipart upload (checked
+// against the store in download). Otherwise a previous large object is
+// unlinked (a previous upload aborted) and a new one created.
 func (p *Prefetcher) claim(ctx context.Context, fence jobs.Fence, w want) (c claim, err error) {
 	c.store = blobstore.KindPG
 	if p.o.StoreS3 {
@@ -65,6 +75,7 @@ func (p *Prefetcher) claim(ctx context.Context, fence jobs.Fence, w want) (c cla
 	}
 	err = p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		c.term = term
+		c.key, c.uploadID, c.parts, c.stale, c.oid, c.offset, c.hash, c.etag, c.lastMod = "", "", nil, nil, 0, 0, nil, "", ""
 		var (
 			store, state  string
 			oid           *uint32
@@ -72,23 +83,34 @@ func (p *Prefetcher) claim(ctx context.Context, fence jobs.Fence, w want) (c cla
 			hst           []byte
 			etag, lastMod string
 			exists        bool
+			key, upload   *string
+			parts         []byte
 		)
 		err := tx.QueryRow(ctx, `SELECT store, state, lo_oid, written, hash_state, source_etag, source_last_modified,
-				lo_oid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_largeobject_metadata m WHERE m.oid = d.lo_oid)
+				lo_oid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_largeobject_metadata m WHERE m.oid = d.lo_oid),
+				s3_key, s3_upload_id, s3_parts
 			FROM artifact_downloads d WHERE digest = $1 FOR UPDATE`, w.Digest).
-			Scan(&store, &state, &oid, &written, &hst, &etag, &lastMod, &exists)
+			Scan(&store, &state, &oid, &written, &hst, &etag, &lastMod, &exists, &key, &upload, &parts)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
+		hasUpload := key != nil && upload != nil && *upload != ""
 		los := tx.LargeObjects()
 		switch {
 		case c.store == blobstore.KindPG && store == blobstore.KindPG && exists && written > 0 && hst != nil && state != "done":
 			c.oid, c.offset, c.hash, c.etag, c.lastMod = *oid, written, hst, etag, lastMod
+		case c.store == blobstore.KindS3 && store == blobstore.KindS3 && hasUpload && written > 0 && hst != nil && state != "done" &&
+			json.Unmarshal(parts, &c.parts) == nil:
+			c.key, c.uploadID, c.offset, c.hash, c.etag, c.lastMod = *key, *upload, written, hst, etag, lastMod
 		default:
+			c.parts = nil
 			if exists {
 				if err := los.Unlink(ctx, *oid); err != nil {
 					return err
 				}
+			}
+			if hasUpload {
+				c.stale = &blobstore.Upload{Key: *key, ID: *upload}
 			}
 			if c.store == blobstore.KindPG {
 				if c.oid, err = los.Create(ctx, 0); err != nil {
@@ -100,16 +122,97 @@ func (p *Prefetcher) claim(ctx context.Context, fence jobs.Fence, w want) (c cla
 		if c.oid != 0 {
 			oidArg = &c.oid
 		}
+		var keyArg, uploadArg *string
+		var partsArg []byte
+		if c.uploadID != "" {
+			keyArg, uploadArg = &c.key, &c.uploadID
+			if partsArg, err = json.Marshal(c.parts); err != nil {
+				return err
+			}
+		}
 		_, err = tx.Exec(ctx, `INSERT INTO artifact_downloads (digest, package, version, asset, state, bytes, total, attempts, error, replica_id, term, updated_at,
-				store, lo_oid, written, hash_state, source_etag, source_last_modified, resumed_from)
-			VALUES ($1, $2, $3, $4, 'downloading', $5, $6, 1, '', $7, $8, now(), $9, $10, $5, $11, $12, $13, $5)
+				store, lo_oid, written, hash_state, source_etag, source_last_modified, resumed_from, s3_key, s3_upload_id, s3_parts)
+			VALUES ($1, $2, $3, $4, 'downloading', $5, $6, 1, '', $7, $8, now(), $9, $10, $5, $11, $12, $13, $5, $14, $15, $16)
 			ON CONFLICT (digest) DO UPDATE SET package = $2, version = $3, asset = $4, state = 'downloading', bytes = $5, total = $6,
 				attempts = artifact_downloads.attempts + 1, error = '', replica_id = $7, term = $8, updated_at = now(),
-				store = $9, lo_oid = $10, written = $5, hash_state = $11, source_etag = $12, source_last_modified = $13, resumed_from = $5`,
-			w.Digest, w.pkg, w.version, w.Name, c.offset, w.Size, p.o.Replica, term, c.store, oidArg, c.hash, c.etag, c.lastMod)
+				store = $9, lo_oid = $10, written = $5, hash_state = $11, source_etag = $12, source_last_modified = $13, resumed_from = $5,
+				s3_key = $14, s3_upload_id = $15, s3_parts = $16`,
+			w.Digest, w.pkg, w.version, w.Name, c.offset, w.Size, p.o.Replica, term, c.store, oidArg, c.hash, c.etag, c.lastMod,
+			keyArg, uploadArg, partsArg)
 		return err
 	})
+	if err == nil && c.stale != nil {
+		p.abortUpload(ctx, *c.stale)
+	}
 	return c, err
+}
+
+// abortUpload aborts an upload that no attempt will continue. A failure
+// leaves it to retention, which aborts the uploads that no download row
+// names.
+func (p *Prefetcher) abortUpload(ctx context.Context, u blobstore.Upload) {
+	if p.o.S3 == nil {
+		return
+	}
+	if err := p.o.S3.AbortUpload(context.WithoutCancel(ctx), u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
+		p.log.Warn("aborting an S3 multipart upload failed; retention will", "key", u.Key, "upload", u.ID, "error", err)
+	}
+}
+
+// dropUpload gives up the claim's upload: the download starts again from
+// byte 0 in a new upload.
+func (p *Prefetcher) dropUpload(ctx context.Context, c *claim) {
+	if c.uploadID != "" {
+		p.abortUpload(ctx, blobstore.Upload{Key: c.key, ID: c.uploadID})
+	}
+	c.key, c.uploadID, c.parts, c.offset = "", "", nil, 0
+}
+
+// checkUpload makes sure that the multipart upload the claim continues is
+// still the one recorded: the store lists exactly the recorded parts (number,
+// ETag, size) and they add up to the committed bytes. Otherwise (the upload
+// vanished, a part differs) it is dropped and the download starts from
+// byte 0. An error is returned only when the store cannot be asked.
+func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger) error {
+	if c.uploadID == "" {
+		return nil
+	}
+	why := "no bytes to continue from"
+	if c.offset > 0 {
+		got, err := p.o.S3.Parts(ctx, c.key, c.uploadID)
+		switch {
+		case errors.Is(err, blobstore.ErrNoUpload):
+			why = "the store no longer has the upload"
+		case err != nil:
+			return fmt.Errorf("listing the parts of upload %s of %s in %s: %w", c.uploadID, c.key, p.o.S3, err)
+		default:
+			if why = partsDiffer(got, c.parts, c.offset); why == "" {
+				return nil
+			}
+		}
+	}
+	log.Warn("artifact upload cannot be continued; starting again from byte 0", "key", c.key, "upload", c.uploadID, "committed", c.offset, "reason", why)
+	p.dropUpload(ctx, c)
+	return nil
+}
+
+// partsDiffer says how the listed parts differ from the recorded ones, or
+// "" when they match and add up to offset.
+func partsDiffer(got, rec []blobstore.Part, offset int64) string {
+	if len(got) != len(rec) {
+		return fmt.Sprintf("the store lists %d parts, %d were recorded", len(got), len(rec))
+	}
+	var sum int64
+	for i := range rec {
+		if got[i] != rec[i] || rec[i].Number != i+1 {
+			return fmt.Sprintf("part %d: the store lists %+v, recorded %+v", i+1, got[i], rec[i])
+		}
+		sum += rec[i].Size
+	}
+	if sum != offset {
+		return fmt.Sprintf("the recorded parts hold %d bytes, %d were committed", sum, offset)
+	}
+	return ""
 }
 
 // source is the open content stream of an asset.
@@ -229,6 +332,15 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 			c.offset = 0
 		}
 	}
+	if c.store == blobstore.KindS3 {
+		if err := p.checkUpload(ctx, &c, log); err != nil {
+			reason = "store"
+			return err
+		}
+		if c.offset == 0 {
+			h.Reset()
+		}
+	}
 	var src source
 	if c.offset > 0 && w.Size >= 0 && c.offset == w.Size {
 		// Every byte was committed before the failover; only the
@@ -241,6 +353,7 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 	if src.from != c.offset {
 		h.Reset()
 		log.Info("artifact download starts from byte 0", "committed", c.offset, "size", w.Size)
+		p.dropUpload(ctx, &c)
 	} else if c.offset > 0 {
 		p.mResumed.Inc()
 		log.Info("artifact download resumed", "from", c.offset, "size", w.Size)
@@ -255,7 +368,7 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 	var n int64
 	var key string
 	if c.store == blobstore.KindS3 {
-		key, n, err = p.toS3(ctx, w, c, src, h, &done, &reason)
+		key, n, err = p.toS3(ctx, w, &c, src, h, &done, &reason)
 	} else {
 		n, err = p.toPG(ctx, w, c, src, h, &done, &reason)
 	}
@@ -267,10 +380,23 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 	stopReporter()
 	if err := verify(h, w.Digest, n, w.Size); err != nil {
 		reason, reset = "digest", true
-		if key != "" {
+		if key != "" && c.uploadID == "" {
 			_ = p.o.S3.Delete(context.WithoutCancel(ctx), key)
 		}
 		return err
+	}
+	if c.uploadID != "" {
+		// Only a verified upload becomes an object. The check narrows the
+		// window in which a leader that lost its term completes an upload
+		// that the new leader continues (which then finds it gone and
+		// starts again: wasteful, never corrupt; the object is garbage).
+		reason = "store"
+		if err := p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, _ int64) error { return owns(ctx, tx, w.Digest, c.term) }); err != nil {
+			return err
+		}
+		if err := p.o.S3.CompleteUpload(ctx, c.key, c.uploadID, c.parts); err != nil {
+			return fmt.Errorf("completing upload %s of %s in %s: %w", c.uploadID, c.key, p.o.S3, err)
+		}
 	}
 	// The term is checked in the same transaction, right before the row
 	// that makes the blob servable.
@@ -290,7 +416,7 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE artifact_downloads SET state = 'done', bytes = $2, written = $2, error = '', lo_oid = NULL, hash_state = NULL,
-			updated_at = now() WHERE digest = $1`, w.Digest, n)
+			s3_key = NULL, s3_upload_id = NULL, s3_parts = NULL, updated_at = now() WHERE digest = $1`, w.Digest, n)
 		return err
 	})
 	if err != nil {
@@ -403,58 +529,111 @@ func (p *Prefetcher) segment(ctx context.Context, w want, c claim, src source, h
 	return eof, tx.Commit(ctx)
 }
 
-// toS3 uploads the source under a key of its own, hashing while it
-// streams.
-func (p *Prefetcher) toS3(ctx context.Context, w want, c claim, src source, h hash.Hash, done *atomic.Int64, reason *string) (string, int64, error) {
-	var nonce [6]byte
-	_, _ = rand.Read(nonce[:])
-	key := p.o.S3.Key(w.Digest, fmt.Sprintf("t%d-%s", c.term, hex.EncodeToString(nonce[:])))
-	cr := &countingReader{r: src.body, h: h, size: w.Size, done: done, p: p, digest: w.Digest}
-	err := p.o.S3.Put(ctx, key, cr, w.Size)
-	if cr.err != nil {
-		*reason = cr.reason
-		err = cr.err
-	} else if err != nil {
-		*reason = "store"
-		err = fmt.Errorf("uploading to %s: %w", p.o.S3, err)
-	}
-	if err != nil {
-		_ = p.o.S3.Delete(context.WithoutCancel(ctx), key)
-		return "", cr.n, err
-	}
-	return key, cr.n, nil
-}
-
-// countingReader hashes and counts what the upload reads from the source.
-type countingReader struct {
-	r      io.Reader
-	h      hash.Hash
-	size   int64
-	n      int64
-	done   *atomic.Int64
-	p      *Prefetcher
-	digest string
-	err    error
-	reason string
-}
-
-func (c *countingReader) Read(b []byte) (int, error) {
-	k, err := c.r.Read(b)
-	if k > 0 {
-		c.h.Write(b[:k])
-		c.n += int64(k)
-		c.done.Store(c.n)
-		c.p.mBytes.Add(float64(k))
-		c.p.mCurBytes.WithLabelValues(c.digest).Set(float64(c.n))
-		if c.size >= 0 && c.n > c.size {
-			c.err, c.reason = fmt.Errorf("more than the recorded size of %d bytes", c.size), "size"
-			return k, c.err
+// toS3 uploads the source in the parts of a multipart upload, each
+// recorded once the store has it with the bytes and the hash state after
+// it, so that a new leader continues the upload. A blob that fits in one
+// part is uploaded with one PUT (nothing worth continuing). It returns the
+// object key.
+func (p *Prefetcher) toS3(ctx context.Context, w want, c *claim, src source, h hash.Hash, done *atomic.Int64, reason *string) (string, int64, error) {
+	n := src.from
+	buf := make([]byte, p.o.S3PartSize)
+	for {
+		k, eof, err := p.fill(buf, src.body, h, w, &n, done, reason)
+		if err != nil {
+			return c.key, n, err
+		}
+		if eof && c.uploadID == "" {
+			key := p.s3Key(w, c.term)
+			*reason = "store"
+			if err := p.o.S3.Put(ctx, key, bytes.NewReader(buf[:k]), int64(k)); err != nil {
+				_ = p.o.S3.Delete(context.WithoutCancel(ctx), key)
+				return "", n, fmt.Errorf("uploading to %s: %w", p.o.S3, err)
+			}
+			return key, n, nil
+		}
+		if k > 0 {
+			if err := p.putPart(ctx, w, c, buf[:k], n, h, src, reason); err != nil {
+				return c.key, n, err
+			}
+		}
+		if eof {
+			return c.key, n, nil
 		}
 	}
-	if err != nil && err != io.EOF {
-		c.err, c.reason = err, "source"
+}
+
+// s3Key is the key of a new upload: every upload its own, so that one of a
+// leader that lost its term never overwrites a servable object.
+func (p *Prefetcher) s3Key(w want, term int64) string {
+	var nonce [6]byte
+	_, _ = rand.Read(nonce[:])
+	return p.o.S3.Key(w.Digest, fmt.Sprintf("t%d-%s", term, hex.EncodeToString(nonce[:])))
+}
+
+// fill reads the next part into buf (until it is full or the source ends),
+// hashing and counting as it goes.
+func (p *Prefetcher) fill(buf []byte, r io.Reader, h hash.Hash, w want, n *int64, done *atomic.Int64, reason *string) (k int, eof bool, err error) {
+	for k < len(buf) {
+		m, rerr := r.Read(buf[k:min(len(buf), k+ChunkSize)])
+		if m > 0 {
+			h.Write(buf[k : k+m])
+			k += m
+			*n += int64(m)
+			done.Store(*n)
+			p.mBytes.Add(float64(m))
+			p.mCurBytes.WithLabelValues(w.Digest).Set(float64(*n))
+			if w.Size >= 0 && *n > w.Size {
+				*reason = "size"
+				return k, false, fmt.Errorf("more than the recorded size of %d bytes", w.Size)
+			}
+		}
+		if rerr == io.EOF {
+			return k, true, nil
+		}
+		if rerr != nil {
+			*reason = "source"
+			return k, false, rerr
+		}
 	}
-	return k, err
+	return k, false, nil
+}
+
+// putPart uploads b as the next part (starting the upload with the first
+// one) and records it with the bytes n and the hash state after it. The
+// record commits only while the download is still this term's, checked
+// under the row lock as for a segment of a large object.
+func (p *Prefetcher) putPart(ctx context.Context, w want, c *claim, b []byte, n int64, h hash.Hash, src source, reason *string) error {
+	*reason = "store"
+	if c.uploadID == "" {
+		c.key = p.s3Key(w, c.term)
+		id, err := p.o.S3.NewUpload(ctx, c.key)
+		if err != nil {
+			return fmt.Errorf("uploading to %s: starting a multipart upload: %w", p.o.S3, err)
+		}
+		c.uploadID = id
+	}
+	part, err := p.o.S3.PutPart(ctx, c.key, c.uploadID, len(c.parts)+1, b)
+	if err != nil {
+		return fmt.Errorf("uploading to %s: part %d: %w", p.o.S3, len(c.parts)+1, err)
+	}
+	c.parts = append(c.parts, part)
+	st, err := h.(encoding.BinaryMarshaler).MarshalBinary()
+	if err != nil {
+		return err
+	}
+	parts, err := json.Marshal(c.parts)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, p.o.Pool, func(tx pgx.Tx) error {
+		if err := owns(ctx, tx, w.Digest, c.term); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE artifact_downloads SET written = $2, bytes = $2, hash_state = $3, source_etag = $4, source_last_modified = $5,
+			resumed_from = $6, s3_key = $7, s3_upload_id = $8, s3_parts = $9, updated_at = now() WHERE digest = $1`,
+			w.Digest, n, st, src.etag, src.lastMod, src.from, c.key, c.uploadID, parts)
+		return err
+	})
 }
 
 // reportProgress writes, logs and exports the progress on a timer, so a
@@ -491,7 +670,7 @@ func (p *Prefetcher) reportProgress(ctx context.Context, fence jobs.Fence, w wan
 // failed records a failed attempt. reset drops the bytes written so far
 // (the next attempt starts from byte 0); otherwise they stay for a resume.
 func (p *Prefetcher) failed(ctx context.Context, fence jobs.Fence, w want, c claim, n int64, cause error, reset bool) error {
-	return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err := fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		if err := owns(ctx, tx, w.Digest, c.term); err != nil {
 			return err
 		}
@@ -503,13 +682,17 @@ func (p *Prefetcher) failed(ctx context.Context, fence jobs.Fence, w want, c cla
 				}
 			}
 			_, err := tx.Exec(ctx, `UPDATE artifact_downloads SET state = 'failed', bytes = $2, error = $3, lo_oid = NULL, written = 0, hash_state = NULL,
-				updated_at = now() WHERE digest = $1`, w.Digest, n, cause.Error())
+				s3_key = NULL, s3_upload_id = NULL, s3_parts = NULL, updated_at = now() WHERE digest = $1`, w.Digest, n, cause.Error())
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE artifact_downloads SET state = 'failed', bytes = $2, error = $3, updated_at = now() WHERE digest = $1`,
 			w.Digest, n, cause.Error())
 		return err
 	})
+	if err == nil && reset && c.uploadID != "" {
+		p.abortUpload(ctx, blobstore.Upload{Key: c.key, ID: c.uploadID})
+	}
+	return err
 }
 
 func verify(h hash.Hash, want string, n, size int64) error {

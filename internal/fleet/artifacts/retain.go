@@ -43,8 +43,9 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 	}
 	var removed, partial int64
 	var objects []blobstore.Ref
+	var uploads []blobstore.Upload
 	err = p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, term int64) error {
-		removed, partial, objects = 0, 0, nil
+		removed, partial, objects, uploads = 0, 0, nil, nil
 		// Without an S3 store the rows of S3 blobs stay: deleting them would
 		// leave their objects behind for good.
 		rows, err := tx.Query(ctx, `DELETE FROM artifact_blobs WHERE NOT (digest = ANY($1)) AND (store <> 's3' OR $2)
@@ -85,17 +86,27 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 		// This job's own downloads of the run are over; a row still
 		// "downloading" is of an attempt that died or lost its term, and
 		// taking the row for this term stops such a writer's next commit.
-		rows, err = tx.Query(ctx, `WITH old AS (SELECT digest, lo_oid FROM artifact_downloads
-				WHERE lo_oid IS NOT NULL AND NOT (digest = ANY($1)) FOR UPDATE)
-			UPDATE artifact_downloads d SET lo_oid = NULL, written = 0, hash_state = NULL, term = $2,
+		rows, err = tx.Query(ctx, `WITH old AS (SELECT digest, lo_oid, s3_key, s3_upload_id FROM artifact_downloads
+				WHERE (lo_oid IS NOT NULL OR s3_upload_id IS NOT NULL) AND NOT (digest = ANY($1)) FOR UPDATE)
+			UPDATE artifact_downloads d SET lo_oid = NULL, written = 0, hash_state = NULL, s3_key = NULL, s3_upload_id = NULL, s3_parts = NULL, term = $2,
 				state = CASE WHEN d.state = 'downloading' THEN 'failed' ELSE d.state END,
 				error = CASE WHEN d.state = 'downloading' THEN 'abandoned: the release is no longer wanted' ELSE d.error END, updated_at = now()
-			FROM old WHERE d.digest = old.digest RETURNING old.lo_oid`, ks, term)
+			FROM old WHERE d.digest = old.digest RETURNING old.lo_oid, old.s3_key, old.s3_upload_id`, ks, term)
 		if err != nil {
 			return err
 		}
-		oids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
-		if err != nil {
+		var oids []uint32
+		var oid *uint32
+		var key, upload *string
+		if _, err := pgx.ForEachRow(rows, []any{&oid, &key, &upload}, func() error {
+			if oid != nil {
+				oids = append(oids, *oid)
+			}
+			if key != nil && upload != nil && *upload != "" {
+				uploads = append(uploads, blobstore.Upload{Key: *key, ID: *upload})
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
 		for _, o := range oids {
@@ -123,6 +134,13 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 				errs = append(errs, fmt.Errorf("retention: deleting %s from %s: %w", b.Key, p.o.S3, err))
 			}
 		}
+		for _, u := range uploads {
+			if err := p.o.S3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
+				errs = append(errs, fmt.Errorf("retention: aborting upload %s of %s in %s: %w", u.ID, u.Key, p.o.S3, err))
+				continue
+			}
+			partial++
+		}
 		if err := p.sweepS3(ctx); err != nil {
 			errs = append(errs, err)
 		}
@@ -134,11 +152,14 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 	return errors.Join(errs...)
 }
 
-// sweepS3 deletes the objects (and unfinished multipart uploads) under the
-// prefix that no blob row names: uploads of a leader that died or lost its
-// term, corrupt uploads whose deletion failed, objects whose row retention
-// removed. Only the leader's job runs it, after its own downloads of the
-// run, so no upload of this job is in progress.
+// sweepS3 deletes the objects under the prefix that no blob row names
+// (uploads of a leader that lost its term, corrupt uploads whose deletion
+// failed, objects whose row retention removed) and aborts the unfinished
+// multipart uploads that no download row names (a leader that died before
+// it recorded the first part, an upload given up whose abort failed). The
+// uploads that download rows name are kept for a resume. Only the leader's
+// job runs it, after its own downloads of the run, so no upload of this
+// job is in progress.
 func (p *Prefetcher) sweepS3(ctx context.Context) error {
 	keys, incomplete, err := p.o.S3.Objects(ctx)
 	if err != nil {
@@ -168,8 +189,23 @@ func (p *Prefetcher) sweepS3(ctx context.Context) error {
 		}
 		n++
 	}
-	for _, k := range incomplete {
-		if err := p.o.S3.AbortUpload(ctx, k); err != nil {
+	rows, err = p.o.Pool.Query(ctx, `SELECT s3_upload_id FROM artifact_downloads WHERE s3_upload_id IS NOT NULL`)
+	if err != nil {
+		return err
+	}
+	resumable, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, id := range resumable {
+		keep[id] = true
+	}
+	for _, u := range incomplete {
+		if keep[u.ID] {
+			continue
+		}
+		if err := p.o.S3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
 			errs = append(errs, err)
 		}
 	}

@@ -3,6 +3,8 @@ package artifacts_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +25,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/pgleader"
 )
 
 const bucket = "myriarch-artifacts"
@@ -197,5 +200,214 @@ func TestS3UnreachableIsReportedAndRetried(t *testing.T) {
 	}
 	if b, _ := artifacts.Blobs(ctx, e.st.Pool); len(b) != 1 || !slices.ContainsFunc(b, func(b artifacts.Blob) bool { return b.Store == "s3" }) {
 		t.Fatalf("blobs after recovery: %+v", b)
+	}
+}
+
+// upload is the multipart upload that a download row records.
+type upload struct {
+	key, id string
+	written int64
+	parts   []blobstore.Part
+	term    int64
+}
+
+func recordedUpload(t *testing.T, e env) upload {
+	t.Helper()
+	var u upload
+	var key, id *string
+	if err := e.st.Pool.QueryRow(context.Background(), `SELECT s3_key, s3_upload_id, written, coalesce(s3_parts, '[]'), term FROM artifact_downloads`).
+		Scan(&key, &id, &u.written, &u.parts, &u.term); err != nil {
+		t.Fatal(err)
+	}
+	if key != nil && id != nil {
+		u.key, u.id = *key, *id
+	}
+	return u
+}
+
+// openUploads lists the unfinished multipart uploads in the bucket.
+func openUploads(t *testing.T, srv *s3test.Server) []string {
+	t.Helper()
+	var ids []string
+	for u := range srv.Client().ListIncompleteUploads(context.Background(), bucket, "", true) {
+		if u.Err != nil {
+			t.Fatal(u.Err)
+		}
+		ids = append(ids, u.UploadID)
+	}
+	return ids
+}
+
+// s3Interrupted starts a download into S3 in parts of the smallest size
+// S3 allows, ends the run after the first part is recorded, and returns
+// what was recorded. The data is two and a half parts long; the source
+// holds after half of it (in the second part).
+func s3Interrupted(t *testing.T, e env, st *blobstore.S3) (opts artifacts.Options, data []byte, slow *slowSource) {
+	t.Helper()
+	const part = blobstore.S3MinPartSize
+	data = bytes.Repeat([]byte("0123456789abcdef"), (2*part+part/2)/16)
+	slow = newSlowSource(data)
+	src := httptest.NewServer(slow)
+	t.Cleanup(src.Close)
+	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: int64(len(data)), URL: src.URL + "/agent"})
+	opts = artifacts.Options{Keep: 3, S3: st, StoreS3: true, S3PartSize: part}
+	interruptAt(t, e, e.prefetcherWith(opts), part)
+	return opts, data, slow
+}
+
+// A leader that loses its term after some parts leaves the multipart upload
+// open and its parts recorded; a run of the old term is refused and changes
+// nothing; the run of the newer term lists the parts, continues from the
+// recorded offset with a Range request (fetching only the rest), verifies
+// the digest, completes the upload and serves the blob.
+func TestS3UploadInterruptedByLossOfLeadershipResumesUnderANewerTerm(t *testing.T) {
+	srv := s3test.Start(t, bucket)
+	st := s3Store(t, srv)
+	e := leader(t)
+	ctx := context.Background()
+	opts, data, slow := s3Interrupted(t, e, st)
+	before := recordedUpload(t, e)
+	if before.id == "" || before.written != blobstore.S3MinPartSize || len(before.parts) != 1 || before.parts[0].Size != before.written {
+		t.Fatalf("recorded after the interruption: %+v", before)
+	}
+	if ids := openUploads(t, srv); len(ids) != 1 || ids[0] != before.id {
+		t.Fatalf("open uploads %q, want the recorded %s", ids, before.id)
+	}
+	if keys, _ := srv.Keys(ctx, bucket, ""); len(keys) != 0 {
+		t.Fatalf("objects before the upload completed: %q", keys)
+	}
+
+	old := e.el
+	e.stopElector()
+	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopCur()
+	if err := e.prefetcherWith(opts).Run(ctx, old.InTerm); !errors.Is(err, pgleader.ErrStaleTerm) {
+		t.Fatalf("a run of the old term: want a stale-term error, got %v", err)
+	}
+	if after := recordedUpload(t, e); after.id != before.id || after.written != before.written || after.term != before.term || len(after.parts) != 1 {
+		t.Fatalf("the old term changed the record: %+v, before %+v", after, before)
+	}
+
+	reg := prometheus.NewRegistry()
+	opts.Registerer = reg
+	if err := e.prefetcherWith(opts).Run(ctx, cur.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	ranges, sent := slow.requests()
+	last := len(ranges) - 1
+	if ranges[last] != fmt.Sprintf("bytes=%d-", before.written) || sent[last] != int64(len(data))-before.written || sent[last] >= int64(len(data)) {
+		t.Fatalf("requests to the source: ranges %q, bytes sent %v; want the last from byte %d", ranges, sent, before.written)
+	}
+	if got := testutil.ToFloat64(counter(t, reg, "myriarch_artifact_downloads_resumed_total")); got != 1 {
+		t.Fatalf("resumed counter %v", got)
+	}
+	if got := serve(t, e, digestOf(data), st); !bytes.Equal(got, data) {
+		t.Fatalf("served %d bytes that differ from the source", len(got))
+	}
+	var term int64
+	var key string
+	if err := e.st.Pool.QueryRow(ctx, `SELECT term, object_key FROM artifact_blobs`).Scan(&term, &key); err != nil || term != cur.Term() || key != before.key {
+		t.Fatalf("blob term %d key %q (%v), want term %d and the key of the continued upload %q", term, key, err, cur.Term(), before.key)
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	if dls[0].State != "done" || dls[0].Attempts != 2 || dls[0].ResumedFrom != before.written || dls[0].Store != "s3" {
+		t.Fatalf("download record: %+v", dls[0])
+	}
+	if ids := openUploads(t, srv); len(ids) != 0 {
+		t.Fatalf("uploads left open: %q", ids)
+	}
+	if u := recordedUpload(t, e); u.id != "" || len(u.parts) != 0 {
+		t.Fatalf("the done download still names an upload: %+v", u)
+	}
+}
+
+// An upload that the store no longer has (aborted by a lifecycle rule or
+// by hand), or whose parts differ from the recorded ones, is not continued:
+// the download starts again from byte 0 in a new upload and the served
+// bytes are right.
+func TestS3ResumeStartsAgainWhenTheUploadVanishedOrDiffers(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spoil func(t *testing.T, c minio.Core, u upload)
+	}{
+		{"vanished", func(t *testing.T, c minio.Core, u upload) {
+			if err := c.AbortMultipartUpload(context.Background(), bucket, u.key, u.id); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"part differs", func(t *testing.T, c minio.Core, u upload) {
+			other := bytes.Repeat([]byte("x"), int(u.parts[0].Size))
+			if _, err := c.PutObjectPart(context.Background(), bucket, u.key, u.id, 1, bytes.NewReader(other), int64(len(other)),
+				minio.PutObjectPartOptions{DisableContentSha256: true}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := s3test.Start(t, bucket)
+			st := s3Store(t, srv)
+			e := leader(t)
+			ctx := context.Background()
+			opts, data, slow := s3Interrupted(t, e, st)
+			u := recordedUpload(t, e)
+			tc.spoil(t, minio.Core{Client: srv.Client()}, u)
+			if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err != nil {
+				t.Fatal(err)
+			}
+			ranges, sent := slow.requests()
+			last := len(ranges) - 1
+			if ranges[last] != "" || sent[last] != int64(len(data)) {
+				t.Fatalf("requests to the source: ranges %q, bytes sent %v; want the last from byte 0", ranges, sent)
+			}
+			if got := serve(t, e, digestOf(data), st); !bytes.Equal(got, data) {
+				t.Fatalf("served %d bytes that differ from the source", len(got))
+			}
+			var key string
+			if err := e.st.Pool.QueryRow(ctx, `SELECT object_key FROM artifact_blobs`).Scan(&key); err != nil || key == u.key {
+				t.Fatalf("object key %q (%v): want a new upload, not %q", key, err, u.key)
+			}
+			dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+			if dls[0].State != "done" || dls[0].ResumedFrom != 0 {
+				t.Fatalf("download record: %+v", dls[0])
+			}
+			if ids := openUploads(t, srv); len(ids) != 0 {
+				t.Fatalf("uploads left open: %q", ids)
+			}
+		})
+	}
+}
+
+// Retention keeps the upload that a failed download row names (the next
+// attempt continues it) and aborts an upload that no row names (a leader
+// that died before it recorded its first part).
+func TestS3RetentionAbortsOnlyUploadsNoDownloadNames(t *testing.T) {
+	srv := s3test.Start(t, bucket)
+	st := s3Store(t, srv)
+	e := leader(t)
+	ctx := context.Background()
+	opts, _, _ := s3Interrupted(t, e, st)
+	u := recordedUpload(t, e)
+	stray, err := minio.Core{Client: srv.Client()}.NewMultipartUpload(ctx, bucket, "fleet-a/blobs/sha256/0000.t9-stray", minio.PutObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The source now fails: the run records a failed attempt (keeping the
+	// upload for the next one), then applies retention.
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusBadGateway) }))
+	defer failing.Close()
+	if _, err := e.st.Pool.Exec(ctx, `UPDATE package_assets SET url = $1`, failing.URL+"/agent"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err == nil || !strings.Contains(err.Error(), "502") {
+		t.Fatalf("want the source's error, got %v", err)
+	}
+	if ids := openUploads(t, srv); len(ids) != 1 || ids[0] != u.id || ids[0] == stray {
+		t.Fatalf("open uploads %q: want only the recorded %s", ids, u.id)
+	}
+	if after := recordedUpload(t, e); after.id != u.id || after.written != u.written {
+		t.Fatalf("record after a failed attempt: %+v, before %+v", after, u)
 	}
 }

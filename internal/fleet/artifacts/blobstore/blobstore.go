@@ -37,8 +37,9 @@ type Ref struct {
 }
 
 // Store reads and removes blobs of one kind. Writing differs by kind (the
-// large objects are written in fenced segments, the objects streamed in
-// one upload) and is done by the prefetcher.
+// large objects are written in fenced segments, the objects in the parts of
+// a multipart upload, each recorded as it completes) and is done by the
+// prefetcher.
 type Store interface {
 	// Kind is the store's kind (KindPG, KindS3).
 	Kind() string

@@ -1,9 +1,12 @@
 package blobstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/md5"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -17,9 +20,13 @@ import (
 )
 
 // S3PartSize is the part size of the multipart uploads: the memory of one
-// upload (minio-go buffers one part) and, at S3's 10,000 parts, the largest
-// blob of unknown size (160 GiB).
+// upload (one part is buffered), what a failover can cost again (a part is
+// recorded once the store has it) and, at S3's 10,000 parts, the largest
+// blob (160 GiB).
 const S3PartSize = 16 << 20
+
+// S3MinPartSize is S3's smallest part (except the last one of an upload).
+const S3MinPartSize = 5 << 20
 
 // S3Config is an S3-compatible store. SecretKey is never logged or shown.
 type S3Config struct {
@@ -124,9 +131,14 @@ func (s *S3) Remove(ctx context.Context, _ pgx.Tx, r Ref) error {
 	return s.c.RemoveObject(ctx, s.bucket, r.Key, minio.RemoveObjectOptions{})
 }
 
-// Objects returns the keys of every blob object under the prefix,
-// including those of incomplete multipart uploads.
-func (s *S3) Objects(ctx context.Context) (keys, incomplete []string, err error) {
+// Upload is an unfinished multipart upload.
+type Upload struct {
+	Key, ID string
+}
+
+// Objects returns the keys of every blob object under the prefix and the
+// unfinished multipart uploads there.
+func (s *S3) Objects(ctx context.Context) (keys []string, incomplete []Upload, err error) {
 	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix + "blobs/", Recursive: true}) {
 		if o.Err != nil {
 			return nil, nil, o.Err
@@ -139,7 +151,7 @@ func (s *S3) Objects(ctx context.Context) (keys, incomplete []string, err error)
 			// servers; the objects are what retention must see.
 			break
 		}
-		incomplete = append(incomplete, u.Key)
+		incomplete = append(incomplete, Upload{Key: u.Key, ID: u.UploadID})
 	}
 	return keys, incomplete, nil
 }
@@ -149,9 +161,74 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	return s.c.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{})
 }
 
-// AbortUpload removes the parts of an incomplete multipart upload of key.
-func (s *S3) AbortUpload(ctx context.Context, key string) error {
-	return s.c.RemoveIncompleteUpload(ctx, s.bucket, key)
+// Part is one uploaded part of a multipart upload, as the prefetcher
+// records it (JSON) and the store lists it.
+type Part struct {
+	Number int    `json:"n"`
+	ETag   string `json:"etag"`
+	Size   int64  `json:"size"`
+}
+
+// ErrNoUpload is returned for a multipart upload that the store does not
+// have (completed, aborted, or expired by a lifecycle rule).
+var ErrNoUpload = errors.New("no such multipart upload")
+
+// NewUpload starts a multipart upload of key and returns its id.
+func (s *S3) NewUpload(ctx context.Context, key string) (string, error) {
+	return minio.Core{Client: s.c}.NewMultipartUpload(ctx, s.bucket, key, minio.PutObjectOptions{ContentType: "application/octet-stream"})
+}
+
+// PutPart uploads b as part number n of the upload, with its Content-MD5
+// so that the store checks what it received (unsigned payload, as Put).
+func (s *S3) PutPart(ctx context.Context, key, uploadID string, n int, b []byte) (Part, error) {
+	sum := md5.Sum(b)
+	p, err := minio.Core{Client: s.c}.PutObjectPart(ctx, s.bucket, key, uploadID, n, bytes.NewReader(b), int64(len(b)),
+		minio.PutObjectPartOptions{Md5Base64: base64.StdEncoding.EncodeToString(sum[:]), DisableContentSha256: true})
+	if err != nil {
+		return Part{}, noUpload(err)
+	}
+	return Part{Number: n, ETag: strings.Trim(p.ETag, `"`), Size: int64(len(b))}, nil
+}
+
+// Parts lists the parts the store holds of the upload, by part number.
+func (s *S3) Parts(ctx context.Context, key, uploadID string) ([]Part, error) {
+	var out []Part
+	marker := 0
+	for {
+		r, err := minio.Core{Client: s.c}.ListObjectParts(ctx, s.bucket, key, uploadID, marker, 1000)
+		if err != nil {
+			return nil, noUpload(err)
+		}
+		for _, p := range r.ObjectParts {
+			out = append(out, Part{Number: p.PartNumber, ETag: strings.Trim(p.ETag, `"`), Size: p.Size})
+		}
+		if !r.IsTruncated || r.NextPartNumberMarker <= marker {
+			return out, nil
+		}
+		marker = r.NextPartNumberMarker
+	}
+}
+
+// CompleteUpload assembles the parts into the object key.
+func (s *S3) CompleteUpload(ctx context.Context, key, uploadID string, parts []Part) error {
+	cp := make([]minio.CompletePart, len(parts))
+	for i, p := range parts {
+		cp[i] = minio.CompletePart{PartNumber: p.Number, ETag: p.ETag}
+	}
+	_, err := minio.Core{Client: s.c}.CompleteMultipartUpload(ctx, s.bucket, key, uploadID, cp, minio.PutObjectOptions{})
+	return noUpload(err)
+}
+
+// AbortUpload removes an unfinished multipart upload and its parts.
+func (s *S3) AbortUpload(ctx context.Context, key, uploadID string) error {
+	return noUpload(minio.Core{Client: s.c}.AbortMultipartUpload(ctx, s.bucket, key, uploadID))
+}
+
+func noUpload(err error) error {
+	if err != nil && minio.ToErrorResponse(err).Code == "NoSuchUpload" {
+		return fmt.Errorf("%w: %v", ErrNoUpload, err)
+	}
+	return err
 }
 
 type s3Reader struct {
