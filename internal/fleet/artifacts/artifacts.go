@@ -84,8 +84,8 @@ type Options struct {
 	// S3PartSize overrides blobstore.S3PartSize (at least
 	// blobstore.S3MinPartSize, S3's smallest part).
 	S3PartSize int64
-	Client      *http.Client
-	Log         *slog.Logger
+	Client     *http.Client
+	Log        *slog.Logger
 	// Registerer may be nil.
 	Registerer prometheus.Registerer
 	// ProgressEvery overrides ProgressEvery (tests).
