@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -20,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
+	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore/s3test"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
@@ -30,6 +33,35 @@ import (
 // artifact again), verifies the full digest and stores it, and no replica
 // ever serves a partial blob.
 func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
+	// 8.4 MB in segments of 256 KiB; the kill comes after a quarter.
+	prefetchKill(t, bytes.Repeat([]byte("myriarch agent build "), 400_000), nil, 400_000*21/4)
+}
+
+// The same into S3: what survives the kill is the open multipart upload
+// and the parts recorded in the download row; the new leader lists them,
+// continues the upload from the recorded offset and completes it only
+// after the digest verified. 40 MB: the kill comes after the first part
+// (blobstore.S3PartSize) is recorded, before the second (the source holds
+// after half).
+func TestPrefetchLeaderKilledMidDownloadS3(t *testing.T) {
+	srv := s3test.Start(t, "kill-artifacts")
+	cfg := srv.Config("kill-artifacts", "kill/")
+	data := bytes.Repeat([]byte("myriarch agent build "), 2_000_000)
+	prefetchKill(t, data, map[string]string{"artifacts.store": "s3", "artifacts.s3Endpoint": cfg.Endpoint, "artifacts.s3Bucket": cfg.Bucket,
+		"artifacts.s3Prefix": cfg.Prefix, "artifacts.s3Region": cfg.Region, "artifacts.s3AccessKey": cfg.AccessKey,
+		"artifacts.s3SecretKey": cfg.SecretKey, "artifacts.s3Tls": "false"}, blobstore.S3PartSize)
+	for u := range srv.Client().ListIncompleteUploads(context.Background(), "kill-artifacts", "", true) {
+		t.Fatalf("an upload left open: %+v", u)
+	}
+	if keys, err := srv.Keys(context.Background(), "kill-artifacts", ""); err != nil || len(keys) != 1 {
+		t.Fatalf("objects %q (%v): want the blob only", keys, err)
+	}
+}
+
+// prefetchKill kills the leader once at least killAfter bytes of data are
+// committed (recorded for a resume) and checks that the other replica
+// resumes the download and serves exactly data.
+func prefetchKill(t *testing.T, data []byte, extra map[string]string, killAfter int64) {
 	pg := pgtest.New(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pg.DSN(""))
@@ -38,7 +70,6 @@ func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
 	}
 	defer pool.Close()
 
-	data := bytes.Repeat([]byte("myriarch agent build "), 400_000) // 8.4 MB
 	sum := sha256.Sum256(data)
 	digest := "sha256:" + hex.EncodeToString(sum[:])
 	// The source sends the first half of what is asked, then holds the rest
@@ -89,9 +120,11 @@ func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
 	defer src.Close()
 
 	settings := func(id string) map[string]string {
-		return map[string]string{"database.url": pg.DSN(""), "server.enrollmentSecret": testSecret, "ha.replicaId": id,
+		m := map[string]string{"database.url": pg.DSN(""), "server.enrollmentSecret": testSecret, "ha.replicaId": id,
 			"ha.leaderSessionTimeout": "10s", "ha.heartbeatInterval": "1s", "jobs.artifactPrefetchInterval": "1s",
 			"artifacts.segmentBytes": "262144"}
+		maps.Copy(m, extra)
+		return m
 	}
 	a := startReplica(t, settings("replica-a"))
 	if !fleettest.Eventually(time.Minute, a.leads) {
@@ -124,8 +157,7 @@ func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
 		dl = progress()
 		var w int64
 		_ = pool.QueryRow(ctx, `SELECT written FROM artifact_downloads`).Scan(&w)
-		// A quarter of the artifact committed (the source holds after half).
-		return dl.State == "downloading" && dl.ReplicaID == "replica-a" && w >= int64(len(data)/4)
+		return dl.State == "downloading" && dl.ReplicaID == "replica-a" && w >= killAfter
 	}) {
 		t.Fatalf("no download in progress on the leader: %+v", dl)
 	}
@@ -185,7 +217,11 @@ func TestPrefetchLeaderKilledMidDownload(t *testing.T) {
 		t.Fatalf("served %d bytes that differ from the release", len(body))
 	}
 	dl = progress()
-	if dl.State != "done" || dl.ReplicaID != "replica-b" || dl.Attempts < 2 || dl.Bytes != int64(len(data)) {
+	wantStore := "pg"
+	if extra["artifacts.store"] == "s3" {
+		wantStore = "s3"
+	}
+	if dl.State != "done" || dl.ReplicaID != "replica-b" || dl.Attempts < 2 || dl.Bytes != int64(len(data)) || dl.Store != wantStore {
 		t.Fatalf("download record: %+v", dl)
 	}
 	// replica-b asked the source for the rest only.
