@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +27,26 @@ type Offer struct {
 	Digest      string `json:"digest"`
 	Signature   string `json:"signature,omitempty"`
 	SentConn    string `json:"-"`
+	// Status is what the agent last reported for the package (its stored
+	// PackageStatus), if anything.
+	Status *ReportedStatus `json:"-"`
+}
+
+// ReportedStatus is the part of a stored PackageStatus that tells whether
+// the agent got an offer: the hashes it names (hex).
+type ReportedStatus struct {
+	ServerOfferedHash string `json:"server_offered_hash"`
+	AgentHasHash      string `json:"agent_has_hash"`
+}
+
+// Acknowledged reports whether the agent's status names the offered
+// package hash, as offered (installing, failed) or as the one it has.
+func (o Offer) Acknowledged() bool {
+	if o.Status == nil {
+		return false
+	}
+	h := hex.EncodeToString(o.PackageHash())
+	return o.Status.ServerOfferedHash == h || o.Status.AgentHasHash == h
 }
 
 // ContentHash is the raw sha256 of the file (DownloadableFile.content_hash).
@@ -119,8 +140,10 @@ func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offe
 
 // Offers returns the offers of the agents uids, by agent.
 func Offers(ctx context.Context, pool *pgxpool.Pool, uids []string) (map[string][]Offer, error) {
-	rows, err := pool.Query(ctx, `SELECT instance_uid, package, version, asset, digest, signature, sent_conn
-		FROM agent_package_offers WHERE instance_uid = ANY($1) ORDER BY instance_uid, package`, uids)
+	rows, err := pool.Query(ctx, `SELECT o.instance_uid, o.package, o.version, o.asset, o.digest, o.signature, o.sent_conn,
+			a.package_statuses->'packages'->o.package
+		FROM agent_package_offers o LEFT JOIN agents a ON a.instance_uid = o.instance_uid
+		WHERE o.instance_uid = ANY($1) ORDER BY o.instance_uid, o.package`, uids)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +159,17 @@ func Offers(ctx context.Context, pool *pgxpool.Pool, uids []string) (map[string]
 func MarkSent(ctx context.Context, pool *pgxpool.Pool, uid, connID string) error {
 	_, err := pool.Exec(ctx, `UPDATE agent_package_offers SET sent_conn = $2, sent_at = now() WHERE instance_uid = $1`, uid, connID)
 	return err
+}
+
+// MarkResent records that the offers of uid go out again on connection
+// connID, if they went out there last at least after ago. The condition is
+// on the rows the update locks, so of two replicas that decide to re-send
+// at once only one does (the second sees the first one's sent_at).
+func MarkResent(ctx context.Context, pool *pgxpool.Pool, uid, connID string, after time.Duration) (bool, error) {
+	tag, err := pool.Exec(ctx, `UPDATE agent_package_offers SET sent_at = now()
+		WHERE instance_uid = $1 AND sent_conn = $2 AND sent_at <= now() - make_interval(secs => $3)`,
+		uid, connID, after.Seconds())
+	return tag.RowsAffected() > 0, err
 }
 
 // OfferSource gives the OpAMP server the package offers of its agents
@@ -171,6 +205,11 @@ func (s OfferSource) Sent(ctx context.Context, uid, connID string) error {
 	return MarkSent(ctx, s.Pool, uid, connID)
 }
 
+// Resend implements opampserver.Packages.
+func (s OfferSource) Resend(ctx context.Context, uid, connID string, after time.Duration) (bool, error) {
+	return MarkResent(ctx, s.Pool, uid, connID, after)
+}
+
 // available builds the PackagesAvailable message of one agent's offers: all
 // of them, since an OpAMP agent removes the packages that are not offered.
 // Each file carries a fresh download token of that agent for that blob;
@@ -179,7 +218,7 @@ func (s OfferSource) Sent(ctx context.Context, uid, connID string) error {
 func (s OfferSource) available(ctx context.Context, os []Offer) (opampserver.PendingPackages, error) {
 	pa := &protobufs.PackagesAvailable{Packages: map[string]*protobufs.PackageAvailable{}}
 	all := sha256.New()
-	p := opampserver.PendingPackages{Msg: pa, SentConn: os[0].SentConn}
+	p := opampserver.PendingPackages{Msg: pa, SentConn: os[0].SentConn, Acked: true}
 	var detail []string
 	for _, o := range os { // ordered by package
 		var hdr *protobufs.Headers
@@ -198,6 +237,7 @@ func (s OfferSource) available(ctx context.Context, os []Offer) (opampserver.Pen
 		if o.SentConn != p.SentConn {
 			p.SentConn = ""
 		}
+		p.Acked = p.Acked && o.Acknowledged()
 		detail = append(detail, o.Package+" "+o.Version)
 	}
 	pa.AllPackagesHash = all.Sum(nil)

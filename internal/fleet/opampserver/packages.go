@@ -1,7 +1,9 @@
 package opampserver
 
 import (
+	"bytes"
 	"context"
+	"maps"
 	"time"
 
 	"github.com/open-telemetry/opamp-go/protobufs"
@@ -21,6 +23,11 @@ const EventPackagesSent = "packages_sent"
 type PendingPackages struct {
 	Msg      *protobufs.PackagesAvailable
 	SentConn string
+	// Acked is set when the package statuses that the agent last reported
+	// (as stored) name the hash of every offered package, as offered
+	// (installing, failed) or as the one it has (installed): the agent got
+	// the offer.
+	Acked bool
 	// Detail describes the offer for the agent event.
 	Detail string
 }
@@ -31,7 +38,28 @@ type Packages interface {
 	Pending(ctx context.Context, uids []string) (map[string]PendingPackages, error)
 	// Sent records that uid's offers went out on connection connID.
 	Sent(ctx context.Context, uid, connID string) error
+	// Resend records that uid's offers go out on connID again, if they
+	// went out there last at least after ago; it returns false (and
+	// records nothing) when they did not: another replica sent them again
+	// meanwhile, or the last send is too recent.
+	Resend(ctx context.Context, uid, connID string, after time.Duration) (bool, error)
 }
+
+// Re-sending an offer to a plain-HTTP agent. A poll response that carried
+// an offer and was lost on its way cannot be told apart from one that
+// arrived, except by what the agent reports next: an agent that got the
+// offer reports a PackageStatus naming the offered hash (installing,
+// installed or failed) in its next message. Until it does, the offer is
+// sent again.
+const (
+	// PackageResendPolls is how many polls of a plain-HTTP agent (on the
+	// replica it polls) without a status for the offered hash pass before
+	// the offer is looked up again and re-sent.
+	PackageResendPolls = 3
+	// PackageResendAfter is the least time between two sends of an offer
+	// to a plain-HTTP agent, whichever replicas send it.
+	PackageResendAfter = 5 * time.Second
+)
 
 // packagesFor returns the offer of uid for a response on connection connID,
 // or nil when there is none or it went out on this connection already.
@@ -76,14 +104,30 @@ func (s *Server) pushPackages(ctx context.Context, uid string) {
 
 // httpPackages is the offer for the response to a plain-HTTP agent's poll,
 // or nil. It looks only when something may have changed: the agent's first
-// poll here, a notification (pushPackages) or the reconcile, so a poll
-// costs no query of its own. Plain-HTTP agents share the connection id
-// HTTPConnID, so an offer goes out once, by whichever replica the agent
-// polls, until it is replaced. A response lost on its way is not resent
-// (the agent cannot be told apart from one that received it); offering
-// again does. The caller holds ha.mu.
-func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent) *protobufs.PackagesAvailable {
-	if s.o.Packages == nil || !ha.pkgCheck {
+// poll here, a notification (pushPackages), the reconcile, or an offer
+// sent to the agent that it has not acknowledged for PackageResendPolls
+// polls. So a poll costs no query of its own while no offer is
+// outstanding; while one is, a query every PackageResendPolls polls.
+//
+// Plain-HTTP agents share the connection id HTTPConnID, so an offer goes
+// out once, by whichever replica the agent polls, and again only while the
+// agent reports no status for the offered hash (see PackageResendPolls): a
+// response lost on its way is sent again; an agent that reported a status
+// for the hash is not sent it again. An agent that does not declare
+// ReportsPackageStatuses cannot acknowledge, so it gets each offer once.
+// The caller holds ha.mu.
+func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent, msg *protobufs.AgentToServer) *protobufs.PackagesAvailable {
+	if s.o.Packages == nil {
+		return nil
+	}
+	if ha.pkgWait != nil {
+		if acknowledges(msg.PackageStatuses, ha.pkgWait) {
+			ha.pkgWait = nil
+		} else if ha.pkgPolls++; ha.pkgPolls >= PackageResendPolls {
+			ha.pkgCheck = true
+		}
+	}
+	if !ha.pkgCheck {
 		return nil
 	}
 	p, err := s.o.Packages.Pending(ctx, []string{uid})
@@ -92,17 +136,65 @@ func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent) *p
 		return nil
 	}
 	want, ok := p[uid]
-	if !ok || want.SentConn == HTTPConnID {
-		ha.pkgCheck = false
+	ha.pkgPolls = 0
+	if !ok || want.Acked {
+		ha.pkgCheck, ha.pkgWait = false, nil
 		return nil
 	}
-	if err := s.o.Packages.Sent(ctx, uid, HTTPConnID); err != nil {
+	wait := offeredHashes(want.Msg)
+	if ha.rep.caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses) == 0 {
+		wait = nil
+	}
+	detail := want.Detail + " (plain HTTP)"
+	if want.SentConn == HTTPConnID {
+		// Sent before, by this replica or another, and not acknowledged.
+		// Wait PackageResendPolls polls from when this replica first
+		// sees the offer unacknowledged, then send it again.
+		waited := wait != nil && ha.pkgWait != nil && maps.EqualFunc(wait, ha.pkgWait, bytes.Equal)
+		ha.pkgCheck, ha.pkgWait = false, wait
+		if !waited {
+			return nil
+		}
+		again, err := s.o.Packages.Resend(ctx, uid, HTTPConnID, PackageResendAfter)
+		if err != nil {
+			s.log.Warn("recording a package offer failed; a later poll retries", "agent", uid, "error", err)
+			return nil
+		}
+		if !again {
+			return nil
+		}
+		detail += ", sent again: no status for it"
+	} else if err := s.o.Packages.Sent(ctx, uid, HTTPConnID); err != nil {
 		s.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
 		return nil
 	}
-	ha.pkgCheck = false
-	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: EventPackagesSent, ReplicaID: s.o.ReplicaID, Detail: want.Detail + " (plain HTTP)"})
+	ha.pkgCheck, ha.pkgWait = false, wait
+	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: EventPackagesSent, ReplicaID: s.o.ReplicaID, Detail: detail})
 	return want.Msg
+}
+
+// offeredHashes maps each package of pa to its offered hash.
+func offeredHashes(pa *protobufs.PackagesAvailable) map[string][]byte {
+	m := make(map[string][]byte, len(pa.GetPackages()))
+	for name, p := range pa.GetPackages() {
+		m[name] = p.GetHash()
+	}
+	return m
+}
+
+// acknowledges reports whether ps names, for every package of want, its
+// hash as offered or as the one the agent has.
+func acknowledges(ps *protobufs.PackageStatuses, want map[string][]byte) bool {
+	if ps == nil {
+		return false
+	}
+	for name, h := range want {
+		st := ps.GetPackages()[name]
+		if st == nil || !bytes.Equal(st.GetServerOfferedHash(), h) && !bytes.Equal(st.GetAgentHasHash(), h) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) sendPackages(ctx context.Context, ac *agentConn) {

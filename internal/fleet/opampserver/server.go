@@ -128,6 +128,10 @@ type httpAgent struct {
 	dirty    bool // desired config may have changed
 	cmdCheck bool // a restart may be pending
 	pkgCheck bool // a package offer may be pending (packages.go)
+	// pkgWait is the offer sent to the agent (package → hash) that it has
+	// not acknowledged yet, pkgPolls its polls here since (packages.go).
+	pkgWait  map[string][]byte
+	pkgPolls int
 	sentHash string
 	rep      reported
 }
@@ -552,7 +556,7 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 		}
 		ha.cmdCheck = false
 	}
-	resp.PackagesAvailable = s.httpPackages(ctx, uid, ha)
+	resp.PackagesAvailable = s.httpPackages(ctx, uid, ha, msg)
 	if ha.dirty {
 		d, err := s.o.Store.DesiredConfigs(ctx, []string{uid})
 		if err == nil {

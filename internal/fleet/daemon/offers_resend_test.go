@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/open-telemetry/opamp-go/protobufs"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+)
+
+// offerDropper forwards plain-HTTP OpAMP polls to a replica and loses the
+// first response that carries a package offer on its way back: the replica
+// sent it, the agent never sees it (the connection is closed instead). It
+// counts the polls and the offers that it let through.
+type offerDropper struct {
+	target  string
+	dropped atomic.Bool
+	polls   atomic.Int64
+	offers  atomic.Int64
+}
+
+func (d *offerDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	d.polls.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	req, _ := http.NewRequestWithContext(r.Context(), r.Method, d.target+r.URL.Path, bytes.NewReader(body))
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	plain := out
+	if resp.Header.Get("Content-Encoding") == "gzip" {
+		if zr, err := gzip.NewReader(bytes.NewReader(out)); err == nil {
+			plain, _ = io.ReadAll(zr)
+		}
+	}
+	var msg protobufs.ServerToAgent
+	if proto.Unmarshal(plain, &msg) == nil && msg.PackagesAvailable != nil {
+		if d.dropped.CompareAndSwap(false, true) {
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		d.offers.Add(1)
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(out)
+}
+
+// A poll response that carries an offer to a plain-HTTP agent and is lost
+// on the way is sent again (the agent reports no status for the offered
+// hash), so the agent still gets the offer, downloads it and reports it
+// installed; once it reported a status for the hash it is not sent the
+// offer again.
+func TestLostOfferToPlainHTTPAgentIsSentAgainUntilAcknowledged(t *testing.T) {
+	e := startSoftwareEnv(t, nil)
+	drop := &offerDropper{target: "http://" + e.a.OpAMPAddr().String()}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: drop, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+
+	ps := newPkgStore(e.pub)
+	var offers offerLog
+	uid := startOfferAgent(t, offerAgent{url: "http://" + l.Addr().String() + "/v1/opamp"}, ps, &offers)
+	v1 := e.release(t, "v1.0.0")
+	waitAcceptsPackages(t, e.ca, uid)
+	// Offered through the other replica; the agent polls replica-a.
+	offerAndWait(t, e.cb, uid, "v1.0.0")
+	if !drop.dropped.Load() || drop.offers.Load() < 1 {
+		t.Fatalf("dropped %v, offers let through %d: the test did not lose an offer", drop.dropped.Load(), drop.offers.Load())
+	}
+	if !bytes.Equal(ps.Content("otelcol"), v1) {
+		t.Fatalf("the agent has %d bytes", len(ps.Content("otelcol")))
+	}
+	// The events are written in batches: wait for the one of the re-send.
+	var details []string
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		rows, err := e.a.Store.Pool.Query(t.Context(), `SELECT detail FROM agent_events WHERE instance_uid = $1 AND kind = $2 ORDER BY id`,
+			uid, opampserver.EventPackagesSent)
+		if err != nil {
+			return false
+		}
+		details, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+		return len(details) >= 2 && strings.Contains(details[len(details)-1], "sent again")
+	}) {
+		t.Fatalf("packages_sent events: %q, want the send and a re-send", details)
+	}
+
+	// Acknowledged: no more offers, however many polls and seconds pass.
+	sent, polls, since := drop.offers.Load(), drop.polls.Load(), time.Now()
+	if !fleettest.Eventually(time.Minute, func() bool {
+		return drop.polls.Load() >= polls+4*opampserver.PackageResendPolls && time.Since(since) > opampserver.PackageResendAfter+time.Second
+	}) {
+		t.Fatalf("the agent stopped polling: %d polls", drop.polls.Load())
+	}
+	if n := drop.offers.Load(); n != sent {
+		t.Fatalf("offers after the agent reported the hash: %d, before %d", n, sent)
+	}
+}
