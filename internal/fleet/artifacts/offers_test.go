@@ -2,13 +2,17 @@ package artifacts_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/open-telemetry/opamp-go/protobufs"
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
 )
 
 // An agent that does not declare AcceptsPackages is not offered anything:
@@ -38,5 +42,71 @@ func TestOfferRefusesAgentsThatDoNotAcceptPackages(t *testing.T) {
 	var n int
 	if err := st.Pool.QueryRow(ctx, `SELECT count(*) FROM agent_package_offers`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("offers recorded: %d %v", n, err)
+	}
+}
+
+// What the OpAMP server asks before it sends an offer to a plain-HTTP
+// agent again: whether the agent's stored package statuses acknowledge the
+// offered hash, and whether the last send is old enough (decided by the
+// database, so two replicas do not both re-send).
+func TestOfferAcknowledgementAndResendCondition(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	const uid = "0190a1b2-0000-4000-8000-0000000000d1"
+	caps := int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages | protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses)
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO agents (instance_uid, attrs, capabilities) VALUES ($1, '{"os.type":"linux","host.arch":"amd64"}', $2)`, uid, caps); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("otelcol build")
+	release(t, st.Pool, "otelcol", "v1.0.0", releases.Asset{Name: "otelcol.tgz", Digest: digestOf(data), Size: int64(len(data)), URL: "http://127.0.0.1:9/x"})
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO artifact_blobs (digest, size, term) VALUES ($1, $2, 1)`, digestOf(data), len(data)); err != nil {
+		t.Fatal(err)
+	}
+	offered, err := artifacts.OfferVersion(ctx, st.Pool, "otelcol", "v1.0.0", []string{uid}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := artifacts.OfferSource{Pool: st.Pool, BaseURL: func() string { return "http://replica" }}
+	pending := func() opampserver.PendingPackages {
+		t.Helper()
+		p, err := src.Pending(ctx, []string{uid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p[uid]
+	}
+	if p := pending(); p.Acked || p.SentConn != "" {
+		t.Fatalf("a new offer: %+v", p)
+	}
+	// Not sent over plain HTTP yet: nothing to send again.
+	if again, err := src.Resend(ctx, uid, opampserver.HTTPConnID, 0); err != nil || again {
+		t.Fatalf("resend of an unsent offer: %v %v", again, err)
+	}
+	if err := src.Sent(ctx, uid, opampserver.HTTPConnID); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := src.Resend(ctx, uid, opampserver.HTTPConnID, time.Hour); err != nil || again {
+		t.Fatalf("resend within the interval: %v %v", again, err)
+	}
+	if again, err := src.Resend(ctx, uid, opampserver.HTTPConnID, 0); err != nil || !again {
+		t.Fatalf("resend after the interval: %v %v", again, err)
+	}
+
+	hash := hex.EncodeToString(offered[0].PackageHash())
+	for _, c := range []struct {
+		status string
+		acked  bool
+	}{
+		{`{"packages": {"otelcol": {"server_offered_hash": "` + hash + `", "status": "PackageStatusEnum_Installing"}}}`, true},
+		{`{"packages": {"otelcol": {"agent_has_hash": "` + hash + `", "status": "PackageStatusEnum_Installed"}}}`, true},
+		{`{"packages": {"otelcol": {"server_offered_hash": "00", "agent_has_hash": "11"}}}`, false},
+		{`{"packages": {"other": {"server_offered_hash": "` + hash + `"}}}`, false},
+	} {
+		if _, err := st.Pool.Exec(ctx, `UPDATE agents SET package_statuses = $2 WHERE instance_uid = $1`, uid, c.status); err != nil {
+			t.Fatal(err)
+		}
+		if p := pending(); p.Acked != c.acked {
+			t.Fatalf("statuses %s: acked %v, want %v", c.status, p.Acked, c.acked)
+		}
 	}
 }
