@@ -172,7 +172,9 @@ func (p *Prefetcher) dropUpload(ctx context.Context, c *claim) {
 // still the one recorded: the store lists exactly the recorded parts (number,
 // ETag, size) and they add up to the committed bytes. Otherwise (the upload
 // vanished, a part differs) it is dropped and the download starts from
-// byte 0. An error is returned only when the store cannot be asked.
+// byte 0; so does a store that answers the listing with an error. An error
+// is returned only when the store cannot be reached (the next attempt
+// tries again).
 func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger) error {
 	if c.uploadID == "" {
 		return nil
@@ -183,6 +185,10 @@ func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger
 		switch {
 		case errors.Is(err, blobstore.ErrNoUpload):
 			why = "the store no longer has the upload"
+		case blobstore.Answered(err):
+			// A store that cannot list the parts (not every S3-compatible
+			// one implements it) still gets the blob, from byte 0.
+			why = "the store does not list the parts: " + err.Error()
 		case err != nil:
 			return fmt.Errorf("listing the parts of upload %s of %s in %s: %w", c.uploadID, c.key, p.o.S3, err)
 		default:

@@ -224,6 +224,12 @@ func (s *S3) AbortUpload(ctx context.Context, key, uploadID string) error {
 	return noUpload(minio.Core{Client: s.c}.AbortMultipartUpload(ctx, s.bucket, key, uploadID))
 }
 
+// Answered reports whether err is an error response of the store (it was
+// reached and refused), as opposed to a failure to reach it.
+func Answered(err error) bool {
+	return err != nil && minio.ToErrorResponse(err).Code != ""
+}
+
 func noUpload(err error) error {
 	if err != nil && minio.ToErrorResponse(err).Code == "NoSuchUpload" {
 		return fmt.Errorf("%w: %v", ErrNoUpload, err)
