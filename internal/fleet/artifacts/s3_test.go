@@ -411,3 +411,66 @@ func TestS3RetentionAbortsOnlyUploadsNoDownloadNames(t *testing.T) {
 		t.Fatalf("record after a failed attempt: %+v, before %+v", after, u)
 	}
 }
+
+// A leader that lost its term but keeps running (paused, cut off) while the
+// newer term continues and completes its upload cannot change anything:
+// its next part finds the upload completed (or, had it been accepted,
+// would not be recorded: the row names the newer term), and the blob, its
+// row and the download record stay the newer term's.
+func TestS3StaleLeaderThatKeepsRunningCannotTouchTheUploadTakenOver(t *testing.T) {
+	srv := s3test.Start(t, bucket)
+	st := s3Store(t, srv)
+	e := leader(t)
+	ctx := context.Background()
+	const part = blobstore.S3MinPartSize
+	data := bytes.Repeat([]byte("fedcba9876543210"), (2*part+part/2)/16)
+	slow := newSlowSource(data)
+	src := httptest.NewServer(slow)
+	defer src.Close()
+	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: int64(len(data)), URL: src.URL + "/agent"})
+	opts := artifacts.Options{Keep: 3, S3: st, StoreS3: true, S3PartSize: part}
+
+	old := e.el
+	staleDone := make(chan error, 1)
+	go func() { staleDone <- e.prefetcherWith(opts).Run(ctx, old.InTerm) }()
+	// The old leader recorded its first part and waits for the source.
+	if !fleettest.Eventually(30*time.Second, func() bool {
+		var written int64
+		_ = e.st.Pool.QueryRow(ctx, `SELECT written FROM artifact_downloads`).Scan(&written)
+		return written >= part
+	}) {
+		t.Fatal("no part recorded")
+	}
+	e.stopElector()
+	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopCur()
+	if err := e.prefetcherWith(opts).Run(ctx, cur.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	close(slow.release) // the old leader goes on
+	if err := <-staleDone; err == nil {
+		t.Fatal("the stale leader's run reported success")
+	} else {
+		t.Logf("the stale leader's run: %v", err)
+	}
+	var term int64
+	if err := e.st.Pool.QueryRow(ctx, `SELECT term FROM artifact_blobs`).Scan(&term); err != nil || term != cur.Term() {
+		t.Fatalf("blob term %d (%v), want %d", term, err, cur.Term())
+	}
+	if got := serve(t, e, digestOf(data), st); !bytes.Equal(got, data) {
+		t.Fatalf("served %d bytes that differ from the source", len(got))
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	if u := recordedUpload(t, e); len(dls) != 1 || dls[0].State != "done" || dls[0].Error != "" || u.term != cur.Term() {
+		t.Fatalf("download record: %+v, term %d", dls, u.term)
+	}
+	if ids := openUploads(t, srv); len(ids) != 0 {
+		t.Fatalf("uploads left open: %q", ids)
+	}
+	if keys, _ := srv.Keys(ctx, bucket, ""); len(keys) != 1 {
+		t.Fatalf("objects %q: want the blob only", keys)
+	}
+}
