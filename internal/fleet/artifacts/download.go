@@ -169,8 +169,8 @@ func (p *Prefetcher) dropUpload(ctx context.Context, c *claim) {
 }
 
 // checkUpload makes sure that the multipart upload the claim continues is
-// still the one recorded: the store lists exactly the recorded parts (number,
-// ETag, size) and they add up to the committed bytes. Otherwise (the upload
+// still the one recorded: the parts the store lists begin with the recorded
+// ones (number, ETag, size), which add up to the committed bytes. Otherwise (the upload
 // vanished, a part differs) it is dropped and the download starts from
 // byte 0; so does a store that answers the listing with an error. An error
 // is returned only when the store cannot be reached (the next attempt
@@ -203,9 +203,13 @@ func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger
 }
 
 // partsDiffer says how the listed parts differ from the recorded ones, or
-// "" when they match and add up to offset.
+// "" when they begin with the recorded ones and those add up to offset.
+// Parts after the recorded ones are of an attempt that ended between a
+// part's upload and its record: the continuation uploads those part
+// numbers again (which replaces them), and the upload is completed with the
+// recorded list, which leaves out any other.
 func partsDiffer(got, rec []blobstore.Part, offset int64) string {
-	if len(got) != len(rec) {
+	if len(got) < len(rec) {
 		return fmt.Sprintf("the store lists %d parts, %d were recorded", len(got), len(rec))
 	}
 	var sum int64

@@ -327,24 +327,33 @@ func TestS3UploadInterruptedByLossOfLeadershipResumesUnderANewerTerm(t *testing.
 // An upload that the store no longer has (aborted by a lifecycle rule or
 // by hand), or whose parts differ from the recorded ones, is not continued:
 // the download starts again from byte 0 in a new upload and the served
-// bytes are right.
-func TestS3ResumeStartsAgainWhenTheUploadVanishedOrDiffers(t *testing.T) {
+// bytes are right. A part after the recorded ones (uploaded by an attempt
+// that ended before it recorded it) does not stop the resume: it is
+// uploaded again.
+func TestS3ResumeChecksTheUploadsParts(t *testing.T) {
+	put := func(t *testing.T, c minio.Core, u upload, n int, b []byte) {
+		t.Helper()
+		if _, err := c.PutObjectPart(context.Background(), bucket, u.key, u.id, n, bytes.NewReader(b), int64(len(b)),
+			minio.PutObjectPartOptions{DisableContentSha256: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
-		name  string
-		spoil func(t *testing.T, c minio.Core, u upload)
+		name    string
+		spoil   func(t *testing.T, c minio.Core, u upload)
+		resumes bool
 	}{
 		{"vanished", func(t *testing.T, c minio.Core, u upload) {
 			if err := c.AbortMultipartUpload(context.Background(), bucket, u.key, u.id); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, false},
 		{"part differs", func(t *testing.T, c minio.Core, u upload) {
-			other := bytes.Repeat([]byte("x"), int(u.parts[0].Size))
-			if _, err := c.PutObjectPart(context.Background(), bucket, u.key, u.id, 1, bytes.NewReader(other), int64(len(other)),
-				minio.PutObjectPartOptions{DisableContentSha256: true}); err != nil {
-				t.Fatal(err)
-			}
-		}},
+			put(t, c, u, 1, bytes.Repeat([]byte("x"), int(u.parts[0].Size)))
+		}, false},
+		{"unrecorded part after", func(t *testing.T, c minio.Core, u upload) {
+			put(t, c, u, 2, bytes.Repeat([]byte("y"), int(u.parts[0].Size)))
+		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := s3test.Start(t, bucket)
@@ -359,18 +368,27 @@ func TestS3ResumeStartsAgainWhenTheUploadVanishedOrDiffers(t *testing.T) {
 			}
 			ranges, sent := slow.requests()
 			last := len(ranges) - 1
-			if ranges[last] != "" || sent[last] != int64(len(data)) {
-				t.Fatalf("requests to the source: ranges %q, bytes sent %v; want the last from byte 0", ranges, sent)
+			from, wantKey := int64(0), false
+			if tc.resumes {
+				from, wantKey = u.written, true
+				if ranges[last] != fmt.Sprintf("bytes=%d-", from) {
+					t.Fatalf("requests to the source: ranges %q; want the last from byte %d", ranges, from)
+				}
+			} else if ranges[last] != "" {
+				t.Fatalf("requests to the source: ranges %q; want the last from byte 0", ranges)
+			}
+			if sent[last] != int64(len(data))-from {
+				t.Fatalf("bytes sent per request %v; want the last from byte %d", sent, from)
 			}
 			if got := serve(t, e, digestOf(data), st); !bytes.Equal(got, data) {
 				t.Fatalf("served %d bytes that differ from the source", len(got))
 			}
 			var key string
-			if err := e.st.Pool.QueryRow(ctx, `SELECT object_key FROM artifact_blobs`).Scan(&key); err != nil || key == u.key {
-				t.Fatalf("object key %q (%v): want a new upload, not %q", key, err, u.key)
+			if err := e.st.Pool.QueryRow(ctx, `SELECT object_key FROM artifact_blobs`).Scan(&key); err != nil || (key == u.key) != wantKey {
+				t.Fatalf("object key %q (%v), the interrupted upload's %q: want the same %v", key, err, u.key, wantKey)
 			}
 			dls, _ := artifacts.Downloads(ctx, e.st.Pool)
-			if dls[0].State != "done" || dls[0].ResumedFrom != 0 {
+			if dls[0].State != "done" || dls[0].ResumedFrom != from {
 				t.Fatalf("download record: %+v", dls[0])
 			}
 			if ids := openUploads(t, srv); len(ids) != 0 {
