@@ -21,11 +21,12 @@ import (
 
 // offerDropper forwards plain-HTTP OpAMP polls to a replica and loses the
 // first response that carries a package offer on its way back: the replica
-// sent it, the agent never sees it (the connection is closed instead). It
+// sent it, the agent never sees it (the connection is closed instead).
+// After that it forwards to the other replica (a load balancer may). It
 // counts the polls and the offers that it let through.
 type offerDropper struct {
-	target  string
-	dropped atomic.Bool
+	target, after string
+	dropped       atomic.Bool
 	polls   atomic.Int64
 	offers  atomic.Int64
 }
@@ -33,7 +34,11 @@ type offerDropper struct {
 func (d *offerDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.polls.Add(1)
 	body, _ := io.ReadAll(r.Body)
-	req, _ := http.NewRequestWithContext(r.Context(), r.Method, d.target+r.URL.Path, bytes.NewReader(body))
+	target := d.target
+	if d.dropped.Load() {
+		target = d.after
+	}
+	req, _ := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.Path, bytes.NewReader(body))
 	req.Header = r.Header.Clone()
 	resp, err := http.DefaultTransport.RoundTrip(req)
 	if err != nil {
@@ -67,12 +72,16 @@ func (d *offerDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // A poll response that carries an offer to a plain-HTTP agent and is lost
 // on the way is sent again (the agent reports no status for the offered
-// hash), so the agent still gets the offer, downloads it and reports it
-// installed; once it reported a status for the hash it is not sent the
+// hash) by the replica the agent polls next, which is not the one that sent
+// it; so the agent still gets the offer, downloads it and reports it
+// installed. Once it reported a status for the hash it is not sent the
 // offer again.
 func TestLostOfferToPlainHTTPAgentIsSentAgainUntilAcknowledged(t *testing.T) {
 	e := startSoftwareEnv(t, nil)
-	drop := &offerDropper{target: "http://" + e.a.OpAMPAddr().String()}
+	// replica-b's offers point at a proxy that corrupts downloads
+	// (startSoftwareEnv): the re-send must be replica-a's for the install
+	// to succeed.
+	drop := &offerDropper{target: "http://" + e.b.OpAMPAddr().String(), after: "http://" + e.a.OpAMPAddr().String()}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -86,8 +95,8 @@ func TestLostOfferToPlainHTTPAgentIsSentAgainUntilAcknowledged(t *testing.T) {
 	uid := startOfferAgent(t, offerAgent{url: "http://" + l.Addr().String() + "/v1/opamp"}, ps, &offers)
 	v1 := e.release(t, "v1.0.0")
 	waitAcceptsPackages(t, e.ca, uid)
-	// Offered through the other replica; the agent polls replica-a.
-	offerAndWait(t, e.cb, uid, "v1.0.0")
+	// The agent polls replica-b until the loss, then replica-a.
+	offerAndWait(t, e.ca, uid, "v1.0.0")
 	if !drop.dropped.Load() || drop.offers.Load() < 1 {
 		t.Fatalf("dropped %v, offers let through %d: the test did not lose an offer", drop.dropped.Load(), drop.offers.Load())
 	}
@@ -97,15 +106,16 @@ func TestLostOfferToPlainHTTPAgentIsSentAgainUntilAcknowledged(t *testing.T) {
 	// The events are written in batches: wait for the one of the re-send.
 	var details []string
 	if !fleettest.Eventually(30*time.Second, func() bool {
-		rows, err := e.a.Store.Pool.Query(t.Context(), `SELECT detail FROM agent_events WHERE instance_uid = $1 AND kind = $2 ORDER BY id`,
+		rows, err := e.a.Store.Pool.Query(t.Context(), `SELECT replica_id || ': ' || detail FROM agent_events WHERE instance_uid = $1 AND kind = $2 ORDER BY id`,
 			uid, opampserver.EventPackagesSent)
 		if err != nil {
 			return false
 		}
 		details, _ = pgx.CollectRows(rows, pgx.RowTo[string])
-		return len(details) >= 2 && strings.Contains(details[len(details)-1], "sent again")
+		return len(details) >= 2 && strings.HasPrefix(details[0], "replica-b: ") && !strings.Contains(details[0], "sent again") &&
+			strings.HasPrefix(details[len(details)-1], "replica-a: ") && strings.Contains(details[len(details)-1], "sent again")
 	}) {
-		t.Fatalf("packages_sent events: %q, want the send and a re-send", details)
+		t.Fatalf("packages_sent events: %q, want the send by replica-b and a re-send by replica-a", details)
 	}
 
 	// Acknowledged: no more offers, however many polls and seconds pass.
