@@ -27,8 +27,8 @@ import (
 type offerDropper struct {
 	target, after string
 	dropped       atomic.Bool
-	polls   atomic.Int64
-	offers  atomic.Int64
+	polls         atomic.Int64
+	offers        atomic.Int64
 }
 
 func (d *offerDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
