@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/procs"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/sqlitestore"
 )
@@ -42,6 +43,8 @@ func bridgeChild(spec string) int {
 		fmt.Fprintln(os.Stderr, "bad spec", spec)
 		return 2
 	}
+	// GOMAXPROCS as the bridge command sizes it (cmd/myriarch-bridge).
+	defer procs.Start()()
 	var own *lease.Ownership
 	if f[3] == "true" {
 		dir, err := os.MkdirTemp("", "bench-lease")
@@ -159,17 +162,18 @@ func (c *child) mallocs() int64 {
 }
 
 // bridgeProcess starts the bridge as a child process with routes routes
-// (see startBridgeErr) and, unless procs is empty, GOMAXPROCS=procs.
-func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool, routes int, procs string) *child {
+// (see startBridgeErr) and, unless gomaxprocs is empty, that GOMAXPROCS.
+func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool, routes int, gomaxprocs string) *child {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %v %d", childEnv, a, dst, clientID, exclusive, routes))
-	if procs != "" {
-		cmd.Env = append(cmd.Env, "GOMAXPROCS="+procs)
-	} else if procs := os.Getenv("MYRIARCH_BENCH_BRIDGE_GOMAXPROCS"); procs != "" {
+	if gomaxprocs == "" {
 		// Runtime experiments on the bridge alone, not the publisher
 		// and subscriber: MYRIARCH_BENCH_BRIDGE_GOMAXPROCS=1 make bench.
-		cmd.Env = append(cmd.Env, "GOMAXPROCS="+procs)
+		gomaxprocs = os.Getenv("MYRIARCH_BENCH_BRIDGE_GOMAXPROCS")
+	}
+	if gomaxprocs != "" {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+gomaxprocs)
 	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -375,9 +379,10 @@ func printTable(rows []row, load0, load1 float64) {
 // BenchmarkProcs measures myriarch-bridge with several routes in one
 // process (MYRIARCH_BENCH_ROUTES, 4 unless set: each route its own session
 // and its own mqtt sender, the publisher sending to their topics in turn)
-// with GOMAXPROCS=1 and with GOMAXPROCS at the number of CPUs, beside
-// direct and mosquitto's own bridge in the same run: the measurement
-// behind the bridge's default GOMAXPROCS.
+// as the bridge command runs it (GOMAXPROCS sized by package procs), with
+// GOMAXPROCS=1 and with GOMAXPROCS at the number of CPUs (the Go runtime's
+// default), beside direct and mosquitto's own bridge in the same run: the
+// measurement behind the bridge's GOMAXPROCS controller.
 //
 //	make bench BENCH=Procs
 func BenchmarkProcs(b *testing.B) {
@@ -400,12 +405,16 @@ func BenchmarkProcs(b *testing.B) {
 		r, destCPU, _, sc, sw, _ := measureCPU(b, a, dst, "out/#", topics, dpid, dpid, nil)
 		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU, syscalls: sc, switches: sw})
 
-		for _, procs := range []string{"1", strconv.Itoa(runtime.NumCPU())} {
+		for _, n := range []string{"", "1", strconv.Itoa(runtime.NumCPU())} {
 			a, _ = mosquitto(b, "")
 			dst, dpid = mosquitto(b, "")
-			ch := bridgeProcess(b, a, dst, "procs-"+procs, false, routes, procs)
+			ch := bridgeProcess(b, a, dst, "procs-"+n, false, routes, n)
 			r, bridgeCPU, destCPU, sc, sw, al := measureCPU(b, a, dst, "out/#", topics, ch.pid, dpid, ch)
-			rows = append(rows, row{name: fmt.Sprintf("myriarch-bridge, %d routes, GOMAXPROCS=%s", routes, procs), r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw, allocs: al})
+			name := fmt.Sprintf("myriarch-bridge, %d routes, GOMAXPROCS=%s", routes, n)
+			if n == "" {
+				name = fmt.Sprintf("myriarch-bridge, %d routes, default (GOMAXPROCS by load)", routes)
+			}
+			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw, allocs: al})
 		}
 		printTable(rows, load0, loadavg())
 		for _, rw := range rows[2:] {
