@@ -27,20 +27,25 @@ import (
 )
 
 // Thresholds of the controller, in cores of process CPU time (user and
-// system) per Ps:
+// system) per P, sampled every interval:
 //
-//   - grow: above growAt of the current Ps for one interval, the Ps double
-//     (up to the maximum). With one P, 0.8: the process is nearly one core
-//     busy and work would start waiting for the P.
+//   - grow: above growAt of the current Ps for growAfter intervals in a
+//     row (a second), the Ps double (up to the maximum). With one P, 0.8:
+//     the process is nearly a core busy and work starts waiting for the
+//     P. A shorter burst is absorbed by the in-flight windows.
 //   - shrink: below shrinkAt of half the current Ps for shrinkAfter
-//     intervals in a row, the Ps halve. With two Ps, under 0.4 cores for 5
-//     s: well inside one P, with hysteresis against the grow threshold so
-//     that a steady load does not flip between the two.
+//     intervals in a row (1.5 s), the Ps halve. With two Ps, under 0.4
+//     cores: well inside one P, with hysteresis against the grow
+//     threshold so that a steady load does not flip between the two.
+//
+// A change of GOMAXPROCS stops the world for a moment (tens of µs), so a
+// change every second or two costs nothing measurable.
 const (
+	interval    = 500 * time.Millisecond
 	growAt      = 0.8
+	growAfter   = 2
 	shrinkAt    = 0.4
-	shrinkAfter = 5
-	interval    = time.Second
+	shrinkAfter = 3
 )
 
 // Start sizes GOMAXPROCS for a bridge process unless the GOMAXPROCS
@@ -78,7 +83,7 @@ func run(maxProcs int, every time.Duration, cpu func() time.Duration, quit <-cha
 	t := time.NewTicker(every)
 	defer t.Stop()
 	last, lastAt := cpu(), time.Now()
-	low := 0
+	var st state
 	for {
 		select {
 		case <-quit:
@@ -89,30 +94,36 @@ func run(maxProcs int, every time.Duration, cpu func() time.Duration, quit <-cha
 		busy := float64(now-last) / float64(at.Sub(lastAt))
 		last, lastAt = now, at
 		p := runtime.GOMAXPROCS(0)
-		np, nlow := next(p, maxProcs, busy, low)
-		low = nlow
-		if np != p {
+		if np := st.next(p, maxProcs, busy); np != p {
 			runtime.GOMAXPROCS(np)
 		}
 	}
 }
 
+// state counts the intervals in a row above the grow threshold and below
+// the shrink threshold.
+type state struct{ high, low int }
+
 // next is the controller's decision for p Ps (at most maxProcs) after an
-// interval in which the process used busy cores, low the number of
-// intervals in a row before it under the shrink threshold: the new number
-// of Ps and the new count.
-func next(p, maxProcs int, busy float64, low int) (int, int) {
-	if busy > growAt*float64(p) && p < maxProcs {
-		return min(2*p, maxProcs), 0
-	}
-	if p > 1 && busy < shrinkAt*float64(p/2) {
-		low++
-		if low >= shrinkAfter {
-			return max(1, p/2), 0
+// interval in which the process used busy cores: the new number of Ps.
+func (s *state) next(p, maxProcs int, busy float64) int {
+	switch {
+	case busy > growAt*float64(p) && p < maxProcs:
+		s.low = 0
+		if s.high++; s.high >= growAfter {
+			s.high = 0
+			return min(2*p, maxProcs)
 		}
-		return p, low
+	case p > 1 && busy < shrinkAt*float64(p/2):
+		s.high = 0
+		if s.low++; s.low >= shrinkAfter {
+			s.low = 0
+			return max(1, p/2)
+		}
+	default:
+		s.high, s.low = 0, 0
 	}
-	return p, 0
+	return p
 }
 
 // cpuTime is the process's user and system CPU time so far.

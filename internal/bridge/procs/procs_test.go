@@ -13,25 +13,30 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestNext(t *testing.T) {
 	for _, c := range []struct {
-		name          string
-		p, max        int
-		busy          float64
-		low           int
-		wantP, wantLo int
+		name   string
+		p, max int
+		busy   []float64 // one interval each
+		want   int       // after the last
 	}{
-		{"one P nearly a core busy grows", 1, 4, 0.85, 0, 2, 0},
-		{"one P at 0.8 cores stays", 1, 4, 0.8, 0, 1, 0},
-		{"growth stops at the maximum", 4, 4, 3.9, 0, 4, 0},
-		{"doubling is capped by the maximum", 2, 3, 1.9, 0, 3, 0},
-		{"two Ps busy at 0.5 cores stay", 2, 4, 0.5, 3, 2, 0},
-		{"two Ps nearly idle count an interval", 2, 4, 0.1, 3, 2, 4},
-		{"the fifth idle interval halves", 2, 4, 0.1, 4, 1, 0},
-		{"three Ps shrink to one", 3, 3, 0.1, 4, 1, 0},
-		{"one P never shrinks", 1, 4, 0, 10, 1, 0},
+		{"one P nearly a core busy for a second grows", 1, 4, []float64{0.85, 0.9}, 2},
+		{"a burst of one interval does not", 1, 4, []float64{0.3, 0.95}, 1},
+		{"a pause resets the count", 1, 4, []float64{0.9, 0.5, 0.9}, 1},
+		{"one P at 0.8 cores stays", 1, 4, []float64{0.8, 0.8, 0.8}, 1},
+		{"growth stops at the maximum", 4, 4, []float64{3.9, 3.9}, 4},
+		{"doubling is capped by the maximum", 2, 3, []float64{1.9, 1.9}, 3},
+		{"two Ps busy at 0.5 cores stay", 2, 4, []float64{0.1, 0.1, 0.5}, 2},
+		{"two Ps nearly idle for two intervals stay", 2, 4, []float64{0.1, 0.1}, 2},
+		{"the third idle interval halves", 2, 4, []float64{0.1, 0.1, 0.1}, 1},
+		{"three Ps shrink to one", 3, 3, []float64{0.1, 0.1, 0.1}, 1},
+		{"one P never shrinks", 1, 4, []float64{0, 0, 0, 0}, 1},
 	} {
-		p, lo := next(c.p, c.max, c.busy, c.low)
-		if p != c.wantP || lo != c.wantLo {
-			t.Errorf("%s: next(%d, %d, %.2f, %d) = %d, %d; want %d, %d", c.name, c.p, c.max, c.busy, c.low, p, lo, c.wantP, c.wantLo)
+		var st state
+		p := c.p
+		for _, b := range c.busy {
+			p = st.next(p, c.max, b)
+		}
+		if p != c.want {
+			t.Errorf("%s: %d Ps after %v = %d, want %d", c.name, c.p, c.busy, p, c.want)
 		}
 	}
 }
