@@ -3,6 +3,9 @@
 package main
 
 import (
+	"os"
+	"strings"
+
 	"github.com/myriarch/myriarch/internal/bridge/procs"
 	"github.com/myriarch/myriarch/internal/cli"
 )
@@ -10,9 +13,21 @@ import (
 var commands = &cli.Registry{Program: "myriarch-bridge", Default: "run"}
 
 func main() {
-	// GOMAXPROCS follows the bridge's CPU use (one P while it uses less
-	// than most of a core) unless the environment sets it; see package
-	// procs for why.
-	defer procs.Start()()
+	if runsBridge(os.Args[1:]) {
+		// GOMAXPROCS follows the bridge's CPU use (one P while it uses
+		// less than most of a core) unless the environment sets it; see
+		// package procs for why. The other commands (check, lab, ...) keep
+		// the runtime's default.
+		defer procs.Start()()
+	}
 	commands.Main()
+}
+
+// runsBridge reports whether args run the bridge: the run command, named
+// or as the default (no command, or flags first).
+func runsBridge(args []string) bool {
+	if len(args) == 0 || args[0] == "run" {
+		return true
+	}
+	return strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help"
 }
