@@ -1,7 +1,9 @@
 package procs
 
 import (
+	"os"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,5 +108,16 @@ func TestSingleCPU(t *testing.T) {
 	stop()
 	if got := runtime.GOMAXPROCS(0); got != before {
 		t.Errorf("GOMAXPROCS after stop = %d, want %d", got, before)
+	}
+}
+
+// TestDocs: the operator's manual states the rule as the code runs it.
+func TestDocs(t *testing.T) {
+	raw, err := os.ReadFile("../../../docs/bridge.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(string(raw)), " "), Rule()) {
+		t.Errorf("docs/bridge.md does not state the GOMAXPROCS rule as the code runs it; it should say:\n%s", Rule())
 	}
 }
