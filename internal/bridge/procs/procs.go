@@ -16,7 +16,9 @@
 // falls.
 //
 // An explicit GOMAXPROCS in the environment is respected: the controller
-// then does nothing.
+// then does nothing. The maximum is the runtime's default at start; setting
+// GOMAXPROCS ends the runtime's own updates of it, so a container CPU limit
+// changed later is followed only after a restart.
 package procs
 
 import (
