@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,6 +75,17 @@ func bridgeChild(spec string) int {
 			if pprof.StartCPUProfile(pf) == nil {
 				defer pf.Close()
 				defer pprof.StopCPUProfile()
+			}
+		}
+	}
+	if prof := os.Getenv("MYRIARCH_BENCH_TRACE"); prof != "" {
+		// MYRIARCH_BENCH_TRACE=file make bench writes an execution trace
+		// of each bridge process (file.<pid>): which goroutines wake, and
+		// why (go tool trace -pprof=net|sync|syscall|sched).
+		if tf, err := os.Create(fmt.Sprintf("%s.%d", prof, os.Getpid())); err == nil {
+			if trace.Start(tf) == nil {
+				defer tf.Close()
+				defer trace.Stop()
 			}
 		}
 	}
