@@ -78,15 +78,14 @@ func bridgeChild(spec string) int {
 			}
 		}
 	}
+	// MYRIARCH_BENCH_TRACE=file make bench writes an execution trace of
+	// each bridge process's paced phase (file.<pid>): which goroutines
+	// wake per message, and why (go tool trace -pprof=net|sync|sched).
+	var traceFile *os.File
 	if prof := os.Getenv("MYRIARCH_BENCH_TRACE"); prof != "" {
-		// MYRIARCH_BENCH_TRACE=file make bench writes an execution trace
-		// of each bridge process (file.<pid>): which goroutines wake, and
-		// why (go tool trace -pprof=net|sync|syscall|sched).
 		if tf, err := os.Create(fmt.Sprintf("%s.%d", prof, os.Getpid())); err == nil {
-			if trace.Start(tf) == nil {
-				defer tf.Close()
-				defer trace.Stop()
-			}
+			traceFile = tf
+			defer tf.Close()
 		}
 	}
 	if prof := os.Getenv("MYRIARCH_BENCH_MEMPROFILE"); prof != "" {
@@ -103,9 +102,17 @@ func bridgeChild(spec string) int {
 	// Each line on stdin asks for the number of heap allocations so far
 	// (the benchmark's allocations per message); EOF stops the bridge.
 	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
+	for asked := 0; in.Scan(); asked++ {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
+		// The first request comes before the paced phase, the second
+		// after it.
+		switch {
+		case traceFile != nil && asked == 0:
+			_ = trace.Start(traceFile)
+		case traceFile != nil && asked == 1:
+			trace.Stop()
+		}
 		fmt.Println(ms.Mallocs)
 	}
 	stop()
