@@ -51,7 +51,7 @@ const (
 type collector struct {
 	mu       sync.Mutex
 	lat      []time.Duration
-	lastSeq  uint64
+	lastSeq  map[string]uint64 // per topic: order is kept per topic
 	outOfOrd int
 	got      atomic.Int64
 }
@@ -62,17 +62,21 @@ func (c *collector) on(p *paho.Publish) {
 	seq := binary.BigEndian.Uint64(p.Payload[8:16])
 	c.mu.Lock()
 	c.lat = append(c.lat, time.Duration(now-sent))
-	if seq < c.lastSeq {
+	if c.lastSeq == nil {
+		c.lastSeq = map[string]uint64{}
+	}
+	if seq < c.lastSeq[p.Topic] {
 		c.outOfOrd++
 	}
-	c.lastSeq = seq
+	c.lastSeq[p.Topic] = seq
 	c.mu.Unlock()
 	c.got.Add(1)
 }
 
 func (c *collector) reset() {
 	c.mu.Lock()
-	c.lat, c.lastSeq, c.outOfOrd = c.lat[:0], 0, 0
+	c.lat, c.outOfOrd = c.lat[:0], 0
+	clear(c.lastSeq)
 	c.mu.Unlock()
 	c.got.Store(0)
 }
@@ -89,8 +93,9 @@ func (c *collector) percentile(p float64) time.Duration {
 }
 
 // publish sends n messages through a pipelined QoS 1 publisher with at most
-// window in flight, paced at rate (0: as fast as possible).
-func publish(b *testing.B, pub *mqttsender.Sender, topic string, n, rate int) {
+// window in flight, paced at rate (0: as fast as possible), to topics in
+// turn.
+func publish(b *testing.B, pub *mqttsender.Sender, topics []string, n, rate int) {
 	sem := make(chan struct{}, window)
 	var wg sync.WaitGroup
 	var interval time.Duration
@@ -109,7 +114,7 @@ func publish(b *testing.B, pub *mqttsender.Sender, topic string, n, rate int) {
 		binary.BigEndian.PutUint64(p[0:8], uint64(time.Now().UnixNano()))
 		binary.BigEndian.PutUint64(p[8:16], uint64(i+1))
 		wg.Add(1)
-		pub.Send(&sender.Message{Topic: topic, Payload: p, QoS: 1}, func(err error) {
+		pub.Send(&sender.Message{Topic: topics[i%len(topics)], Payload: p, QoS: 1}, func(err error) {
 			if err != nil {
 				b.Error(err)
 			}
@@ -150,11 +155,12 @@ func run(b *testing.B, pubURL, subURL, subFilter string) {
 // measure measures one path: publisher on pubURL topic "in/x", subscriber
 // on subURL filter.
 func measure(b *testing.B, pubURL, subURL, subFilter string) result {
-	return measureWith(b, pubURL, subURL, subFilter, func() {}, func() {})
+	return measureWith(b, pubURL, subURL, subFilter, []string{"in/x"}, func() {}, func() {})
 }
 
 // measureWith is measure with hooks around the paced phase (CPU sampling).
-func measureWith(b *testing.B, pubURL, subURL, subFilter string, beforePaced, afterPaced func()) result {
+// The publisher sends to topics in turn.
+func measureWith(b *testing.B, pubURL, subURL, subFilter string, topics []string, beforePaced, afterPaced func()) result {
 	ctx := context.Background()
 	c := &collector{}
 	sub, err := embroker.Connect(ctx, subURL, fmt.Sprintf("bench-sub-%d", time.Now().UnixNano()), true, c.on)
@@ -171,25 +177,25 @@ func measureWith(b *testing.B, pubURL, subURL, subFilter string, beforePaced, af
 	// The path is ready once a probe crosses it (mosquitto's bridge
 	// connects and subscribes in the background).
 	deadline := time.Now().Add(30 * time.Second)
-	for c.got.Load() == 0 {
+	for c.got.Load() < int64(len(topics)) {
 		if time.Now().After(deadline) {
 			b.Fatal("no message crossed the path within 30s")
 		}
-		publish(b, pub, "in/x", 1, 0)
+		publish(b, pub, topics, len(topics), 0)
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond)
 	c.reset()
 
 	// Warm-up.
-	publish(b, pub, "in/x", 2000, 0)
+	publish(b, pub, topics, 2000, 0)
 	waitCount(b, c, 2000)
 	c.reset()
 
 	b.ResetTimer()
 	var r result
 	start := time.Now()
-	publish(b, pub, "in/x", throughputN, 0)
+	publish(b, pub, topics, throughputN, 0)
 	waitCount(b, c, throughputN)
 	el := time.Since(start)
 	r.rate = float64(throughputN) / el.Seconds()
@@ -197,7 +203,7 @@ func measureWith(b *testing.B, pubURL, subURL, subFilter string, beforePaced, af
 	c.reset()
 
 	beforePaced()
-	publish(b, pub, "in/x", pacedN, pacedRate)
+	publish(b, pub, topics, pacedN, pacedRate)
 	waitCount(b, c, pacedN)
 	afterPaced()
 	r.p50 = float64(c.percentile(0.50).Microseconds()) / 1000
@@ -232,15 +238,17 @@ type fencing struct {
 // broker a ("in/#") to dst ("out/#") under clientID, with what f asks of
 // own's tenure (own may be nil when f asks for nothing).
 func startBridge(b *testing.B, a, dst, clientID string, own *lease.Ownership, f fencing) (stop func()) {
-	stop, err := startBridgeErr(a, dst, clientID, own, f)
+	stop, err := startBridgeErr(a, dst, clientID, own, f, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
 	return stop
 }
 
-// startBridgeErr is startBridge for the bridge's child process.
-func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing) (stop func(), err error) {
+// startBridgeErr is startBridge for the bridge's child process, with
+// routes routes: route k has its own session (filter in/k/#, or in/# for a
+// single route) and its own MQTT sender to dst.
+func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing, routes int) (stop func(), err error) {
 	ctx := context.Background()
 	var stamp fence.Stamp
 	var guard fence.Tenure
@@ -250,38 +258,64 @@ func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing) (s
 	if f.checks {
 		guard = own
 	}
-	out := mqttsender.New(mqttsender.Config{Broker: dst, ClientID: clientID + "-out", QoS: 1, KeepAlive: 30 * time.Second})
-	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"in/#"}, MaxInFlight: window,
-		StripPrefix: "in/", AddPrefix: "out/", Targets: []routing.Target{{ID: "dst", Sender: out, MaxAttempts: 3}},
-		Fence: stamp, Tenure: guard})
-	d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
-	// No session expiry: a bridge that stopped leaves no session behind
-	// to queue the next measurement's messages.
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{a}, ClientID: clientID + "-in", CleanStart: true, KeepAlive: 30 * time.Second,
-		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: window,
-		Subscriptions: []mqtt.Subscription{{Filter: "in/#", QoS: 1}}, Handler: d.Handle, Tenure: guard})
-	if err != nil {
-		route.Close()
-		_ = out.Close(ctx)
-		return nil, err
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(sctx) }()
+	var stops []func()
 	stop = func() {
-		cancel()
-		<-done
-		route.Close()
-		_ = out.Close(ctx)
-	}
-	for deadline := time.Now().Add(30 * time.Second); s.Level() != mqtt.LevelFull; {
-		if time.Now().After(deadline) {
-			stop()
-			return nil, fmt.Errorf("the session did not reach full service within 30s")
+		for _, s := range slices.Backward(stops) {
+			s()
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	for k := range max(routes, 1) {
+		filter, id := "in/#", clientID
+		if routes > 1 {
+			filter, id = fmt.Sprintf("in/%d/#", k), fmt.Sprintf("%s-%d", clientID, k)
+		}
+		out := mqttsender.New(mqttsender.Config{Broker: dst, ClientID: id + "-out", QoS: 1, KeepAlive: 30 * time.Second})
+		route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{filter}, MaxInFlight: window,
+			StripPrefix: "in/", AddPrefix: "out/", Targets: []routing.Target{{ID: "dst", Sender: out, MaxAttempts: 3}},
+			Fence: stamp, Tenure: guard})
+		d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
+		// No session expiry: a bridge that stopped leaves no session behind
+		// to queue the next measurement's messages.
+		s, err := mqtt.New(mqtt.Config{Brokers: []string{a}, ClientID: id + "-in", CleanStart: true, KeepAlive: 30 * time.Second,
+			ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: window,
+			Subscriptions: []mqtt.Subscription{{Filter: filter, QoS: 1}}, Handler: d.Handle, Tenure: guard})
+		if err != nil {
+			route.Close()
+			_ = out.Close(ctx)
+			stop()
+			return nil, err
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = s.Run(sctx) }()
+		stops = append(stops, func() {
+			cancel()
+			<-done
+			route.Close()
+			_ = out.Close(ctx)
+		})
+		for deadline := time.Now().Add(30 * time.Second); s.Level() != mqtt.LevelFull; {
+			if time.Now().After(deadline) {
+				stop()
+				return nil, fmt.Errorf("the session did not reach full service within 30s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	return stop, nil
+}
+
+// routeTopics are the publisher's topics for a bridge with routes routes:
+// one per route.
+func routeTopics(routes int) []string {
+	if routes <= 1 {
+		return []string{"in/x"}
+	}
+	t := make([]string, routes)
+	for k := range t {
+		t[k] = fmt.Sprintf("in/%d/x", k)
+	}
+	return t
 }
 
 func numCPU() int { return runtime.NumCPU() }

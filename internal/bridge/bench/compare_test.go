@@ -11,12 +11,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/procs"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/sqlitestore"
 )
@@ -33,15 +35,17 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// bridgeChild runs startBridge for spec "a dst clientID exclusive", says
+// bridgeChild runs startBridge for spec "a dst clientID exclusive routes", says
 // "ready" on stdout once the session is at full service, and stops when
 // stdin closes.
 func bridgeChild(spec string) int {
 	f := strings.Fields(spec)
-	if len(f) != 4 {
+	if len(f) != 5 {
 		fmt.Fprintln(os.Stderr, "bad spec", spec)
 		return 2
 	}
+	// GOMAXPROCS as the bridge command sizes it (cmd/myriarch-bridge).
+	defer procs.Start()()
 	var own *lease.Ownership
 	if f[3] == "true" {
 		dir, err := os.MkdirTemp("", "bench-lease")
@@ -58,7 +62,8 @@ func bridgeChild(spec string) int {
 		defer stop()
 		own = o
 	}
-	stop, err := startBridgeErr(f[0], f[1], f[2], own, fencing{checks: own != nil, stamps: own != nil})
+	routes, _ := strconv.Atoi(f[4])
+	stop, err := startBridgeErr(f[0], f[1], f[2], own, fencing{checks: own != nil, stamps: own != nil}, routes)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -71,6 +76,16 @@ func bridgeChild(spec string) int {
 				defer pf.Close()
 				defer pprof.StopCPUProfile()
 			}
+		}
+	}
+	// MYRIARCH_BENCH_TRACE=file make bench writes an execution trace of
+	// each bridge process's paced phase (file.<pid>): which goroutines
+	// wake per message, and why (go tool trace -pprof=net|sync|sched).
+	var traceFile *os.File
+	if prof := os.Getenv("MYRIARCH_BENCH_TRACE"); prof != "" {
+		if tf, err := os.Create(fmt.Sprintf("%s.%d", prof, os.Getpid())); err == nil {
+			traceFile = tf
+			defer tf.Close()
 		}
 	}
 	if prof := os.Getenv("MYRIARCH_BENCH_MEMPROFILE"); prof != "" {
@@ -87,9 +102,17 @@ func bridgeChild(spec string) int {
 	// Each line on stdin asks for the number of heap allocations so far
 	// (the benchmark's allocations per message); EOF stops the bridge.
 	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
+	for asked := 0; in.Scan(); asked++ {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
+		// The first request comes before the paced phase, the second
+		// after it.
+		switch {
+		case traceFile != nil && asked == 0:
+			_ = trace.Start(traceFile)
+		case traceFile != nil && asked == 1:
+			trace.Stop()
+		}
 		fmt.Println(ms.Mallocs)
 	}
 	stop()
@@ -157,15 +180,19 @@ func (c *child) mallocs() int64 {
 	return n
 }
 
-// bridgeProcess starts the bridge as a child process.
-func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool) *child {
+// bridgeProcess starts the bridge as a child process with routes routes
+// (see startBridgeErr) and, unless gomaxprocs is empty, that GOMAXPROCS.
+func bridgeProcess(b *testing.B, a, dst, clientID string, exclusive bool, routes int, gomaxprocs string) *child {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %v", childEnv, a, dst, clientID, exclusive))
-	if procs := os.Getenv("MYRIARCH_BENCH_BRIDGE_GOMAXPROCS"); procs != "" {
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %v %d", childEnv, a, dst, clientID, exclusive, routes))
+	if gomaxprocs == "" {
 		// Runtime experiments on the bridge alone, not the publisher
 		// and subscriber: MYRIARCH_BENCH_BRIDGE_GOMAXPROCS=1 make bench.
-		cmd.Env = append(cmd.Env, "GOMAXPROCS="+procs)
+		gomaxprocs = os.Getenv("MYRIARCH_BENCH_BRIDGE_GOMAXPROCS")
+	}
+	if gomaxprocs != "" {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+gomaxprocs)
 	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -279,19 +306,19 @@ func BenchmarkCompare(b *testing.B) {
 		var rows []row
 
 		a, apid := mosquitto(b, "")
-		r, _, destCPU, _, _, _ := measureCPU(b, a, a, "in/#", 0, apid, nil)
+		r, _, destCPU, _, _, _ := measureCPU(b, a, a, "in/#", routeTopics(1), 0, apid, nil)
 		rows = append(rows, row{name: "direct (one broker, the ceiling)", r: r, destCPU: destCPU})
 
 		a, _ = mosquitto(b, "")
 		dst, dpid := mosquitto(b, mosquittoBridge(a))
-		r, destCPU, _, sc, sw, _ := measureCPU(b, a, dst, "out/#", dpid, dpid, nil)
+		r, destCPU, _, sc, sw, _ := measureCPU(b, a, dst, "out/#", routeTopics(1), dpid, dpid, nil)
 		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU, syscalls: sc, switches: sw})
 
 		for _, excl := range []bool{false, true} {
 			a, _ = mosquitto(b, "")
 			dst, dpid = mosquitto(b, "")
-			ch := bridgeProcess(b, a, dst, fmt.Sprintf("cmp-%v", excl), excl)
-			r, bridgeCPU, destCPU, sc, sw, al := measureCPU(b, a, dst, "out/#", ch.pid, dpid, ch)
+			ch := bridgeProcess(b, a, dst, fmt.Sprintf("cmp-%v", excl), excl, 1, "")
+			r, bridgeCPU, destCPU, sc, sw, al := measureCPU(b, a, dst, "out/#", routeTopics(1), ch.pid, dpid, ch)
 			name := "myriarch-bridge (ephemeral session, one mqtt sender)"
 			if excl {
 				name = "myriarch-bridge (exclusive session: tenure checks, fencing stamps)"
@@ -318,11 +345,12 @@ func BenchmarkCompare(b *testing.B) {
 // measureCPU measures one path and the CPU per message of the bridging
 // process (pid, 0 for none) and of the destination broker (dpid) while
 // the paced phase runs, and the heap allocations per message of ch (a
-// myriarch-bridge child; nil for none).
-func measureCPU(b *testing.B, pubURL, subURL, filter string, pid, dpid int, ch *child) (r result, bridgeUS, destUS, syscalls, switches, allocs float64) {
+// myriarch-bridge child; nil for none), the publisher sending to topics in
+// turn.
+func measureCPU(b *testing.B, pubURL, subURL, filter string, topics []string, pid, dpid int, ch *child) (r result, bridgeUS, destUS, syscalls, switches, allocs float64) {
 	var p0, d0 time.Duration
 	var sc0, sw0, m0 int64
-	r = measureWith(b, pubURL, subURL, filter, func() {
+	r = measureWith(b, pubURL, subURL, filter, topics, func() {
 		m0 = ch.mallocs()
 		p0, d0 = cpuTime(pid), cpuTime(dpid)
 		sc0, sw0 = procCounts(pid)
@@ -365,4 +393,53 @@ func printTable(rows []row, load0, load1 float64) {
 			cpu, rw.destCPU, sc, sw, al, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
 	}
 	fmt.Println()
+}
+
+// BenchmarkProcs measures myriarch-bridge with several routes in one
+// process (MYRIARCH_BENCH_ROUTES, 4 unless set: each route its own session
+// and its own mqtt sender, the publisher sending to their topics in turn)
+// as the bridge command runs it (GOMAXPROCS sized by package procs), with
+// GOMAXPROCS=1 and with GOMAXPROCS at the number of CPUs (the Go runtime's
+// default), beside direct and mosquitto's own bridge in the same run: the
+// measurement behind the bridge's GOMAXPROCS controller.
+//
+//	make bench BENCH=Procs
+func BenchmarkProcs(b *testing.B) {
+	mosquittoExe(b)
+	routes := 4
+	if v, err := strconv.Atoi(os.Getenv("MYRIARCH_BENCH_ROUTES")); err == nil && v > 0 {
+		routes = v
+	}
+	topics := routeTopics(routes)
+	for range b.N {
+		load0 := loadavg()
+		var rows []row
+
+		a, apid := mosquitto(b, "")
+		r, _, destCPU, _, _, _ := measureCPU(b, a, a, "in/#", topics, 0, apid, nil)
+		rows = append(rows, row{name: "direct (one broker, the ceiling)", r: r, destCPU: destCPU})
+
+		a, _ = mosquitto(b, "")
+		dst, dpid := mosquitto(b, mosquittoBridge(a))
+		r, destCPU, _, sc, sw, _ := measureCPU(b, a, dst, "out/#", topics, dpid, dpid, nil)
+		rows = append(rows, row{name: "mosquitto's own bridge (inside broker B)", r: r, bridgeCPU: destCPU, destCPU: destCPU, syscalls: sc, switches: sw})
+
+		for _, n := range []string{"", "1", strconv.Itoa(runtime.NumCPU())} {
+			a, _ = mosquitto(b, "")
+			dst, dpid = mosquitto(b, "")
+			ch := bridgeProcess(b, a, dst, "procs-"+n, false, routes, n)
+			r, bridgeCPU, destCPU, sc, sw, al := measureCPU(b, a, dst, "out/#", topics, ch.pid, dpid, ch)
+			name := fmt.Sprintf("myriarch-bridge, %d routes, GOMAXPROCS=%s", routes, n)
+			if n == "" {
+				name = fmt.Sprintf("myriarch-bridge, %d routes, default (GOMAXPROCS by load)", routes)
+			}
+			rows = append(rows, row{name: name, r: r, bridgeCPU: bridgeCPU, destCPU: destCPU, syscalls: sc, switches: sw, allocs: al})
+		}
+		printTable(rows, load0, loadavg())
+		for _, rw := range rows[2:] {
+			if rw.r.outOfOrder+rw.r.pacedOutOfOrd > 0 {
+				b.Errorf("%s: %d messages out of order", rw.name, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
+			}
+		}
+	}
 }

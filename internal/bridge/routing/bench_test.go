@@ -60,3 +60,35 @@ func BenchmarkDeliver(b *testing.B) {
 		})
 	}
 }
+
+// pipeline accepts each message once depth later ones are at it, in
+// order, as an MQTT sender's PUBACKs settle a full window.
+type pipeline struct {
+	depth int
+	held  []func(error)
+}
+
+func (p *pipeline) Send(m *sender.Message, done func(error)) {
+	p.held = append(p.held, done)
+	if len(p.held) > p.depth {
+		f := p.held[0]
+		p.held = p.held[1:]
+		f(nil)
+	}
+}
+func (p *pipeline) Close(context.Context) error { return nil }
+
+// BenchmarkDeliverInFlight is BenchmarkDeliver with 1,000 messages of one
+// topic in flight, settled in order: the bookkeeping must not grow with the
+// depth of the pipeline.
+func BenchmarkDeliverInFlight(b *testing.B) {
+	p := &pipeline{depth: 1000}
+	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, MaxInFlight: 2000, Targets: []routing.Target{{ID: "a", Sender: p}}})
+	defer route.Close()
+	d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
+	m := &mqtt.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
+	b.ReportAllocs()
+	for b.Loop() {
+		d.Handle(m, func() {})
+	}
+}

@@ -180,6 +180,11 @@ type lane struct {
 	items   []*delivery // unsettled, in arrival order
 	blocked bool
 	timer   bool // a retry of the head is scheduled
+	// dues: some item may have due set. Progress clears the items' due
+	// only then: walking every item on each settled head cost time in
+	// proportion to the messages in flight (a fifth of the bridge's own
+	// code at 1,000 in flight on one topic).
+	dues bool
 }
 
 // delivery is one message on its way to one target.
@@ -503,19 +508,20 @@ func (d *delivery) done(err error) {
 	case settle:
 		head := l.items[0] == d
 		l.items = removeItem(l.items, d)
-		if head {
+		if head && l.dues {
 			// Progress: what failed alongside the head goes without a
 			// further backoff.
 			for _, o := range l.items {
 				o.due = false
 			}
+			l.dues = false
 		}
 	default:
 		// A failure, or a withdrawal this lane did not ask for (a sender
 		// shared with another route skipped the topic after that route's
 		// failure): hold the lane either way, so nothing overtakes d.
 		if !withdrawn {
-			d.due = true
+			d.due, l.dues = true, true
 		}
 		if !l.blocked {
 			l.blocked = true
@@ -562,7 +568,7 @@ func (r *Route) advance(t *target, topic string, l *lane) {
 		if !l.timer {
 			delete(t.lanes, topic)
 			if t.freeLane == nil {
-				l.items, l.blocked = l.items[:0], false
+				l.items, l.blocked, l.dues = l.items[:0], false, false
 				t.freeLane = l
 			}
 		}
