@@ -127,9 +127,12 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The error returns below return a nil *Daemon, so the deferred abort
+	// needs its own reference to what was started.
+	started := d
 	defer func() {
 		if err != nil {
-			d.abort()
+			started.abort()
 		}
 	}()
 	// The election's tables exist before the API can be asked about them.
