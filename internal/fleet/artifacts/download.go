@@ -172,9 +172,10 @@ func (p *Prefetcher) dropUpload(ctx context.Context, c *claim) {
 // still the one recorded: the parts the store lists begin with the recorded
 // ones (number, ETag, size), which add up to the committed bytes. Otherwise (the upload
 // vanished, a part differs) it is dropped and the download starts from
-// byte 0; so does a store that answers the listing with an error. An error
-// is returned only when the store cannot be reached (the next attempt
-// tries again).
+// byte 0; so does a store that answers that it does not list parts
+// (blobstore.CannotList). Any other error (the store unreachable, a 5xx,
+// SlowDown) is returned and the upload kept: the next attempt tries the
+// resume again.
 func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger) error {
 	if c.uploadID == "" {
 		return nil
@@ -185,7 +186,7 @@ func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger
 		switch {
 		case errors.Is(err, blobstore.ErrNoUpload):
 			why = "the store no longer has the upload"
-		case blobstore.Answered(err):
+		case blobstore.CannotList(err):
 			// A store that cannot list the parts (not every S3-compatible
 			// one implements it) still gets the blob, from byte 0.
 			why = "the store does not list the parts: " + err.Error()
@@ -399,7 +400,10 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 		// Only a verified upload becomes an object. The check narrows the
 		// window in which a leader that lost its term completes an upload
 		// that the new leader continues (which then finds it gone and
-		// starts again: wasteful, never corrupt; the object is garbage).
+		// starts again, or, on AWS S3, completes it again: a repeated
+		// Complete succeeds). Either way the object is the newer term's
+		// to register, so a refused final transaction below never
+		// deletes it.
 		reason = "store"
 		if err := p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, _ int64) error { return owns(ctx, tx, w.Digest, c.term) }); err != nil {
 			return err
@@ -409,7 +413,9 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 		}
 	}
 	// The term is checked in the same transaction, right before the row
-	// that makes the blob servable.
+	// that makes the blob servable. committing: the statements ran and the
+	// COMMIT was sent, so an error after it leaves the outcome unknown.
+	committing := false
 	err = p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		if err := owns(ctx, tx, w.Digest, c.term); err != nil {
 			return err
@@ -427,12 +433,20 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 		}
 		_, err := tx.Exec(ctx, `UPDATE artifact_downloads SET state = 'done', bytes = $2, written = $2, error = '', lo_oid = NULL, hash_state = NULL,
 			s3_key = NULL, s3_upload_id = NULL, s3_parts = NULL, updated_at = now() WHERE digest = $1`, w.Digest, n)
+		committing = err == nil
 		return err
 	})
 	if err != nil {
 		reason = "store"
-		if key != "" {
-			// Garbage without its row; retention would remove it too.
+		if key != "" && c.uploadID == "" && !committing {
+			// The object of a single PUT has a key of this attempt alone and
+			// no row names it: garbage, deleted now (retention would too).
+			// The object of a multipart upload is not deleted: its key is
+			// the upload's, shared by every term that continued it, and a
+			// newer term may have completed it too and registered it (a
+			// repeated Complete of a completed upload succeeds on AWS S3).
+			// Nor is one whose COMMIT may have succeeded. Retention's sweep
+			// removes them once no blob row names them.
 			_ = p.o.S3.Delete(context.WithoutCancel(ctx), key)
 		}
 		return err

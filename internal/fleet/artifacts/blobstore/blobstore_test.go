@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/minio/minio-go/v7"
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
@@ -124,5 +125,29 @@ func TestS3ConfigErrors(t *testing.T) {
 	}
 	if _, err := blobstore.NewS3(blobstore.S3Config{Endpoint: "127.0.0.1:9", Bucket: "b", TLS: true, CAFile: "/nonexistent/ca.pem"}); err == nil {
 		t.Fatal("a missing CA file accepted")
+	}
+}
+
+// Only an answer that the store never lists parts gives up a resumable
+// upload; a transient or unknown error keeps it for the next attempt.
+func TestCannotListOnlyForAnswersThatDoNotChange(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{minio.ErrorResponse{Code: "NotImplemented", StatusCode: 501}, true},
+		{minio.ErrorResponse{Code: "MethodNotAllowed", StatusCode: 405}, true},
+		{minio.ErrorResponse{Code: "AccessDenied", StatusCode: 403}, true},
+		{minio.ErrorResponse{StatusCode: 501}, true},
+		{minio.ErrorResponse{Code: "SlowDown", StatusCode: 503}, false},
+		{minio.ErrorResponse{Code: "InternalError", StatusCode: 500}, false},
+		{minio.ErrorResponse{Code: "ServiceUnavailable", StatusCode: 503}, false},
+		{minio.ErrorResponse{Code: "NoSuchUpload", StatusCode: 404}, false},
+		{errors.New("dial tcp 127.0.0.1:9: connection refused"), false},
+		{nil, false},
+	} {
+		if got := blobstore.CannotList(tc.err); got != tc.want {
+			t.Errorf("CannotList(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

@@ -224,10 +224,24 @@ func (s *S3) AbortUpload(ctx context.Context, key, uploadID string) error {
 	return noUpload(minio.Core{Client: s.c}.AbortMultipartUpload(ctx, s.bucket, key, uploadID))
 }
 
-// Answered reports whether err is an error response of the store (it was
-// reached and refused), as opposed to a failure to reach it.
-func Answered(err error) bool {
-	return err != nil && minio.ToErrorResponse(err).Code != ""
+// CannotList reports whether err is the store's answer that it does not
+// list the parts of a multipart upload, for good: not implemented (501,
+// NotImplemented), method not allowed (405) or access denied (403: the
+// credentials lack the permission). Any other error, a 5xx or SlowDown
+// included, is transient or unknown: the caller tries again later rather
+// than give up the upload.
+func CannotList(err error) bool {
+	if err == nil {
+		return false
+	}
+	r := minio.ToErrorResponse(err)
+	switch {
+	case r.Code == "NotImplemented" || r.Code == "MethodNotAllowed" || r.Code == "AccessDenied":
+		return true
+	case r.StatusCode == http.StatusNotImplemented || r.StatusCode == http.StatusMethodNotAllowed || r.StatusCode == http.StatusForbidden:
+		return true
+	}
+	return false
 }
 
 func noUpload(err error) error {
