@@ -30,6 +30,9 @@ type Offer struct {
 	// Status is what the agent last reported for the package (its stored
 	// PackageStatus), if anything.
 	Status *ReportedStatus `json:"-"`
+	// ReportedAll is the ServerProvidedAllPackagesHash (hex) that the agent
+	// last reported: the AllPackagesHash of the last offer it got.
+	ReportedAll string `json:"-"`
 }
 
 // ReportedStatus is the part of a stored PackageStatus that tells whether
@@ -40,9 +43,12 @@ type ReportedStatus struct {
 }
 
 // Acknowledged reports whether the agent's status names the offered
-// package hash, as offered (installing, failed) or as the one it has.
+// package hash, as offered (installing, failed) or as the one it has. It
+// tells whether an offer that went out arrived; the status of an offer not
+// sent yet may name the same hash for an earlier offer (a failed install
+// offered again), so such an offer is never acknowledged.
 func (o Offer) Acknowledged() bool {
-	if o.Status == nil {
+	if o.Status == nil || o.SentConn == "" {
 		return false
 	}
 	h := hex.EncodeToString(o.PackageHash())
@@ -141,7 +147,7 @@ func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offe
 // Offers returns the offers of the agents uids, by agent.
 func Offers(ctx context.Context, pool *pgxpool.Pool, uids []string) (map[string][]Offer, error) {
 	rows, err := pool.Query(ctx, `SELECT o.instance_uid, o.package, o.version, o.asset, o.digest, o.signature, o.sent_conn,
-			a.package_statuses->'packages'->o.package
+			a.package_statuses->'packages'->o.package, coalesce(a.package_statuses->>'server_provided_all_packages_hash', '')
 		FROM agent_package_offers o LEFT JOIN agents a ON a.instance_uid = o.instance_uid
 		WHERE o.instance_uid = ANY($1) ORDER BY o.instance_uid, o.package`, uids)
 	if err != nil {
@@ -241,6 +247,11 @@ func (s OfferSource) available(ctx context.Context, os []Offer) (opampserver.Pen
 		detail = append(detail, o.Package+" "+o.Version)
 	}
 	pa.AllPackagesHash = all.Sum(nil)
+	// An agent names the offer's AllPackagesHash as soon as it starts on
+	// it, before it reaches each package (opamp-go).
+	if allHex := hex.EncodeToString(pa.AllPackagesHash); !p.Acked && p.SentConn != "" && os[0].ReportedAll == allHex {
+		p.Acked = true
+	}
 	p.Detail = strings.Join(detail, ", ")
 	return p, nil
 }

@@ -93,6 +93,7 @@ func TestOfferAcknowledgementAndResendCondition(t *testing.T) {
 	}
 
 	hash := hex.EncodeToString(offered[0].PackageHash())
+	all := hex.EncodeToString(pending().Msg.GetAllPackagesHash())
 	for _, c := range []struct {
 		status string
 		acked  bool
@@ -101,6 +102,10 @@ func TestOfferAcknowledgementAndResendCondition(t *testing.T) {
 		{`{"packages": {"otelcol": {"agent_has_hash": "` + hash + `", "status": "PackageStatusEnum_Installed"}}}`, true},
 		{`{"packages": {"otelcol": {"server_offered_hash": "00", "agent_has_hash": "11"}}}`, false},
 		{`{"packages": {"other": {"server_offered_hash": "` + hash + `"}}}`, false},
+		// opamp-go names the offer's AllPackagesHash before it reaches
+		// each package of it.
+		{`{"packages": {}, "server_provided_all_packages_hash": "` + all + `"}`, true},
+		{`{"packages": {}, "server_provided_all_packages_hash": "00"}`, false},
 	} {
 		if _, err := st.Pool.Exec(ctx, `UPDATE agents SET package_statuses = $2 WHERE instance_uid = $1`, uid, c.status); err != nil {
 			t.Fatal(err)
@@ -108,5 +113,53 @@ func TestOfferAcknowledgementAndResendCondition(t *testing.T) {
 		if p := pending(); p.Acked != c.acked {
 			t.Fatalf("statuses %s: acked %v, want %v", c.status, p.Acked, c.acked)
 		}
+	}
+}
+
+// The same version offered again after the agent reported it failed to
+// install it: the stored status names the offered hash, but for the
+// earlier offer; the new one, not sent yet, is not acknowledged (a
+// plain-HTTP agent would never get it), and is once it went out.
+func TestReofferOfTheSameHashIsNotAcknowledgedUntilSent(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	const uid = "0190a1b2-0000-4000-8000-0000000000d2"
+	caps := int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages | protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses)
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO agents (instance_uid, attrs, capabilities) VALUES ($1, '{"os.type":"linux","host.arch":"amd64"}', $2)`, uid, caps); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("otelcol build 2")
+	release(t, st.Pool, "otelcol", "v1.0.0", releases.Asset{Name: "otelcol.tgz", Digest: digestOf(data), Size: int64(len(data)), URL: "http://127.0.0.1:9/x"})
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO artifact_blobs (digest, size, term) VALUES ($1, $2, 1)`, digestOf(data), len(data)); err != nil {
+		t.Fatal(err)
+	}
+	offered, err := artifacts.OfferVersion(ctx, st.Pool, "otelcol", "v1.0.0", []string{uid}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := artifacts.OfferSource{Pool: st.Pool, BaseURL: func() string { return "http://replica" }}
+	if err := src.Sent(ctx, uid, opampserver.HTTPConnID); err != nil {
+		t.Fatal(err)
+	}
+	hash := hex.EncodeToString(offered[0].PackageHash())
+	if _, err := st.Pool.Exec(ctx, `UPDATE agents SET package_statuses = $2 WHERE instance_uid = $1`, uid,
+		`{"packages": {"otelcol": {"server_offered_hash": "`+hash+`", "agent_has_hash": "", "status": "PackageStatusEnum_InstallFailed", "error": "disk full"}}}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := artifacts.OfferVersion(ctx, st.Pool, "otelcol", "v1.0.0", []string{uid}, "retry"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := src.Pending(ctx, []string{uid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p[uid].SentConn != "" || p[uid].Acked {
+		t.Fatalf("the offer made again: sent on %q, acknowledged %v; want neither", p[uid].SentConn, p[uid].Acked)
+	}
+	if err := src.Sent(ctx, uid, opampserver.HTTPConnID); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = src.Pending(ctx, []string{uid}); err != nil || !p[uid].Acked {
+		t.Fatalf("sent, with a status naming its hash: %+v (%v), want acknowledged", p[uid], err)
 	}
 }

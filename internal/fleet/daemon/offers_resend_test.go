@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/hex"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/open-telemetry/opamp-go/protobufs"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
 )
@@ -127,5 +129,90 @@ func TestLostOfferToPlainHTTPAgentIsSentAgainUntilAcknowledged(t *testing.T) {
 	}
 	if n := drop.offers.Load(); n != sent {
 		t.Fatalf("offers after the agent reported the hash: %d, before %d", n, sent)
+	}
+}
+
+// switchProxy forwards plain-HTTP OpAMP polls to the replica it points at.
+type switchProxy struct {
+	target atomic.Pointer[string]
+	offers atomic.Int64
+}
+
+func (p *switchProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	req, _ := http.NewRequestWithContext(r.Context(), r.Method, *p.target.Load()+r.URL.Path, bytes.NewReader(body))
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	plain := out
+	if resp.Header.Get("Content-Encoding") == "gzip" {
+		if zr, err := gzip.NewReader(bytes.NewReader(out)); err == nil {
+			plain, _ = io.ReadAll(zr)
+		}
+	}
+	var msg protobufs.ServerToAgent
+	if proto.Unmarshal(plain, &msg) == nil && msg.PackagesAvailable != nil {
+		p.offers.Add(1)
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(out)
+}
+
+// A plain-HTTP agent that reported a failed install of hash H (its
+// download corrupted behind replica-b) is offered the same version, so the
+// same H, again: the stored status names H, but for the earlier offer, so
+// the new offer is sent (by replica-a, which the agent polls now), and the
+// agent installs it.
+func TestPlainHTTPAgentGetsTheSameVersionOfferedAgainAfterAFailedInstall(t *testing.T) {
+	e := startSoftwareEnv(t, nil)
+	sw := &switchProxy{}
+	b, a := "http://"+e.b.OpAMPAddr().String(), "http://"+e.a.OpAMPAddr().String()
+	sw.target.Store(&b)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: sw, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+
+	ps := newPkgStore(e.pub)
+	var offers offerLog
+	uid := startOfferAgent(t, offerAgent{url: "http://" + l.Addr().String() + "/v1/opamp"}, ps, &offers)
+	v1 := e.release(t, "v1.0.0")
+	waitAcceptsPackages(t, e.ca, uid)
+	var offered struct {
+		Offers []artifacts.Offer `json:"offers"`
+	}
+	if code := e.ca.do(t, "POST", "/api/v1/packages/otelcol/offers", `{"version":"v1.0.0","agents":["`+uid+`"]}`, &offered); code != 200 || len(offered.Offers) != 1 {
+		t.Fatalf("offer: %d %+v", code, offered)
+	}
+	h := hex.EncodeToString(offered.Offers[0].PackageHash())
+	var st pkgStatus
+	if !fleettest.Eventually(60*time.Second, func() bool {
+		st = packageStatus(t, e.ca, uid, "otelcol")
+		return st.Status == "PackageStatusEnum_InstallFailed"
+	}) {
+		t.Fatalf("the corrupted download was not reported as failed: %+v", st)
+	}
+	if st.OfferedHash != h {
+		t.Fatalf("failed status %+v: want the offered hash %s", st, h)
+	}
+	sent := sw.offers.Load()
+	sw.target.Store(&a)
+	st = offerAndWait(t, e.ca, uid, "v1.0.0")
+	if st.AgentHasHash != h || !bytes.Equal(ps.Content("otelcol"), v1) {
+		t.Fatalf("after the offer made again: %+v, %d bytes", st, len(ps.Content("otelcol")))
+	}
+	if n := sw.offers.Load(); n <= sent {
+		t.Fatalf("offers the agent got: %d, %d before the offer made again", n, sent)
 	}
 }

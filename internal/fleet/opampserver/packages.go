@@ -23,10 +23,12 @@ const EventPackagesSent = "packages_sent"
 type PendingPackages struct {
 	Msg      *protobufs.PackagesAvailable
 	SentConn string
-	// Acked is set when the package statuses that the agent last reported
-	// (as stored) name the hash of every offered package, as offered
-	// (installing, failed) or as the one it has (installed): the agent got
-	// the offer.
+	// Acked is set when the offer went out (SentConn is set) and the
+	// package statuses that the agent last reported (as stored) name the
+	// hash of every offered package, as offered (installing, failed) or as
+	// the one it has (installed), or name the offer's AllPackagesHash: the
+	// agent got the offer. It stops re-sends only; an offer not sent yet is
+	// sent whatever the agent reported before.
 	Acked bool
 	// Detail describes the offer for the agent event.
 	Detail string
@@ -49,17 +51,48 @@ type Packages interface {
 // an offer and was lost on its way cannot be told apart from one that
 // arrived, except by what the agent reports next: an agent that got the
 // offer reports a PackageStatus naming the offered hash (installing,
-// installed or failed) in its next message. Until it does, the offer is
-// sent again.
+// installed or failed), or the offer's AllPackagesHash as
+// ServerProvidedAllPackagesHash, in its next message. Until it does, the
+// offer is sent again, less and less often.
 const (
 	// PackageResendPolls is how many polls of a plain-HTTP agent (on the
 	// replica it polls) without a status for the offered hash pass before
-	// the offer is looked up again and re-sent.
+	// the offer is looked up again and re-sent. Each time the replica finds
+	// the offer still unacknowledged after its wait, the wait doubles, up to
+	// PackageResendMaxPolls.
 	PackageResendPolls = 3
+	// PackageResendMaxPolls is the longest wait between two re-sends of an
+	// offer by one replica, in polls of the agent.
+	PackageResendMaxPolls = 48
 	// PackageResendAfter is the least time between two sends of an offer
 	// to a plain-HTTP agent, whichever replicas send it.
 	PackageResendAfter = 5 * time.Second
 )
+
+// pkgWait is the offer a plain-HTTP agent was sent (by this replica or
+// another) and has not acknowledged yet, as this replica follows it.
+type pkgWait struct {
+	// hashes maps each offered package to its hash, all is the offer's
+	// AllPackagesHash; hashes is nil when nothing is awaited.
+	hashes map[string][]byte
+	all    []byte
+	// polls counts the agent's polls here since the offer was sent or
+	// last found unacknowledged; waits how many times this replica found
+	// it unacknowledged after a full wait.
+	polls, waits int
+}
+
+// due is the number of polls to wait before looking again: PackageResendPolls,
+// doubled for every earlier wait, at most PackageResendMaxPolls.
+func (w *pkgWait) due() int {
+	n := PackageResendPolls
+	for range w.waits {
+		if n *= 2; n >= PackageResendMaxPolls {
+			return PackageResendMaxPolls
+		}
+	}
+	return n
+}
 
 // packagesFor returns the offer of uid for a response on connection connID,
 // or nil when there is none or it went out on this connection already.
@@ -105,70 +138,87 @@ func (s *Server) pushPackages(ctx context.Context, uid string) {
 // httpPackages is the offer for the response to a plain-HTTP agent's poll,
 // or nil. It looks only when something may have changed: the agent's first
 // poll here, a notification (pushPackages), the reconcile, or an offer
-// sent to the agent that it has not acknowledged for PackageResendPolls
-// polls. So a poll costs no query of its own while no offer is
-// outstanding; while one is, a query every PackageResendPolls polls.
+// sent to the agent that it has not acknowledged for the wait (pkgWait.due
+// polls). So a poll costs no query of its own while no offer is
+// outstanding; while one is, a query per wait.
 //
 // Plain-HTTP agents share the connection id HTTPConnID, so an offer goes
 // out once, by whichever replica the agent polls, and again only while the
-// agent reports no status for the offered hash (see PackageResendPolls): a
-// response lost on its way is sent again; an agent that reported a status
-// for the hash is not sent it again. An agent that does not declare
-// ReportsPackageStatuses cannot acknowledge, so it gets each offer once.
-// The caller holds ha.mu.
+// agent reports no status for the offered hash: a response lost on its way
+// is sent again, after PackageResendPolls polls, then after twice as many,
+// and so on up to PackageResendMaxPolls (a notification or the reconcile
+// does not shorten the wait); an agent that reported a status for the
+// hash, or the offer's AllPackagesHash, is not sent it again. A new offer
+// (one not sent yet) is sent whatever the agent last reported: the same
+// hash offered again after a failed install is a new offer. An agent that
+// does not declare ReportsPackageStatuses cannot acknowledge, so it gets
+// each offer once. The caller holds ha.mu.
 func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent, msg *protobufs.AgentToServer) *protobufs.PackagesAvailable {
 	if s.o.Packages == nil {
 		return nil
 	}
-	if ha.pkgWait != nil {
-		if acknowledges(msg.PackageStatuses, ha.pkgWait) {
-			ha.pkgWait = nil
-		} else if ha.pkgPolls++; ha.pkgPolls >= PackageResendPolls {
+	w := &ha.pkgWait
+	if w.hashes != nil {
+		if acknowledges(msg.PackageStatuses, w.hashes, w.all) {
+			*w = pkgWait{}
+		} else if w.polls++; w.polls >= w.due() {
 			ha.pkgCheck = true
 		}
 	}
 	if !ha.pkgCheck {
 		return nil
 	}
+	ha.pkgCheck = false
 	p, err := s.o.Packages.Pending(ctx, []string{uid})
 	if err != nil {
+		ha.pkgCheck = true
 		s.log.Warn("loading package offers failed; the next poll retries", "agent", uid, "error", err)
 		return nil
 	}
 	want, ok := p[uid]
-	ha.pkgPolls = 0
-	if !ok || want.Acked {
-		ha.pkgCheck, ha.pkgWait = false, nil
+	// The stored status says only whether an offer that went out arrived:
+	// it may name the same hash for an earlier offer (a failed install).
+	if !ok || want.Acked && want.SentConn != "" {
+		*w = pkgWait{}
 		return nil
 	}
-	wait := offeredHashes(want.Msg)
+	wait := pkgWait{hashes: offeredHashes(want.Msg), all: want.Msg.GetAllPackagesHash()}
 	if ha.rep.caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses) == 0 {
-		wait = nil
+		wait = pkgWait{}
 	}
 	detail := want.Detail + " (plain HTTP)"
 	if want.SentConn == HTTPConnID {
 		// Sent before, by this replica or another, and not acknowledged.
-		// Wait PackageResendPolls polls from when this replica first
-		// sees the offer unacknowledged, then send it again.
-		waited := wait != nil && ha.pkgWait != nil && maps.EqualFunc(wait, ha.pkgWait, bytes.Equal)
-		ha.pkgCheck, ha.pkgWait = false, wait
-		if !waited {
+		// Wait from when this replica first sees the offer
+		// unacknowledged, then send it again.
+		if wait.hashes == nil || w.hashes == nil || !maps.EqualFunc(wait.hashes, w.hashes, bytes.Equal) {
+			*w = wait
+			return nil
+		}
+		if w.polls < w.due() {
+			// Looked up early (a notification, the reconcile).
 			return nil
 		}
 		again, err := s.o.Packages.Resend(ctx, uid, HTTPConnID, PackageResendAfter)
 		if err != nil {
-			s.log.Warn("recording a package offer failed; a later poll retries", "agent", uid, "error", err)
+			ha.pkgCheck = true
+			s.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
 			return nil
 		}
+		// Sent again, here or (too recently) by another replica: wait
+		// longer before the next time.
+		w.polls, w.waits = 0, w.waits+1
 		if !again {
 			return nil
 		}
 		detail += ", sent again: no status for it"
 	} else if err := s.o.Packages.Sent(ctx, uid, HTTPConnID); err != nil {
+		ha.pkgCheck = true
 		s.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
 		return nil
+	} else {
+		*w = wait
 	}
-	ha.pkgCheck, ha.pkgWait = false, wait
 	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: EventPackagesSent, ReplicaID: s.o.ReplicaID, Detail: detail})
 	return want.Msg
 }
@@ -182,13 +232,19 @@ func offeredHashes(pa *protobufs.PackagesAvailable) map[string][]byte {
 	return m
 }
 
-// acknowledges reports whether ps names, for every package of want, its
-// hash as offered or as the one the agent has.
-func acknowledges(ps *protobufs.PackageStatuses, want map[string][]byte) bool {
+// acknowledges reports whether ps shows that the agent got the offer: it
+// names the offer's AllPackagesHash as the one the server provided (opamp-go
+// sets it when it starts to sync an offer, before it reaches every package),
+// or, for every package of hashes, its hash as offered or as the one the
+// agent has.
+func acknowledges(ps *protobufs.PackageStatuses, hashes map[string][]byte, all []byte) bool {
 	if ps == nil {
 		return false
 	}
-	for name, h := range want {
+	if len(all) > 0 && bytes.Equal(ps.GetServerProvidedAllPackagesHash(), all) {
+		return true
+	}
+	for name, h := range hashes {
 		st := ps.GetPackages()[name]
 		if st == nil || !bytes.Equal(st.GetServerOfferedHash(), h) && !bytes.Equal(st.GetAgentHasHash(), h) {
 			return false

@@ -128,10 +128,9 @@ type httpAgent struct {
 	dirty    bool // desired config may have changed
 	cmdCheck bool // a restart may be pending
 	pkgCheck bool // a package offer may be pending (packages.go)
-	// pkgWait is the offer sent to the agent (package → hash) that it has
-	// not acknowledged yet, pkgPolls its polls here since (packages.go).
-	pkgWait  map[string][]byte
-	pkgPolls int
+	// pkgWait is the offer sent to the agent that it has not acknowledged
+	// yet, and its polls here since (packages.go).
+	pkgWait  pkgWait
 	sentHash string
 	rep      reported
 }
@@ -685,7 +684,8 @@ func (s *Server) state(uid string, msg *protobufs.AgentToServer, now time.Time, 
 				"agent_has_hash": hex.EncodeToString(p.AgentHasHash), "server_offered_hash": hex.EncodeToString(p.ServerOfferedHash),
 				"status": p.Status.String(), "error": p.ErrorMessage}
 		}
-		st.PackageStatuses = map[string]any{"packages": m, "error": ps.ErrorMessage}
+		st.PackageStatuses = map[string]any{"packages": m, "error": ps.ErrorMessage,
+			"server_provided_all_packages_hash": hex.EncodeToString(ps.ServerProvidedAllPackagesHash)}
 	}
 	return st
 }
