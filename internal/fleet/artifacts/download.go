@@ -160,12 +160,28 @@ func (p *Prefetcher) abortUpload(ctx context.Context, u blobstore.Upload) {
 }
 
 // dropUpload gives up the claim's upload: the download starts again from
-// byte 0 in a new upload.
-func (p *Prefetcher) dropUpload(ctx context.Context, c *claim) {
+// byte 0 in a new upload. The row stops naming the upload first, in a
+// transaction that checks under the row lock that the download is still
+// this term's; only then is the upload aborted. A claimer that lost its
+// term meanwhile (paused between its claim and here) gets the stale-term
+// error and leaves alone the upload that the newer term continues.
+func (p *Prefetcher) dropUpload(ctx context.Context, fence jobs.Fence, w want, c *claim) error {
 	if c.uploadID != "" {
+		err := p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, _ int64) error {
+			if err := owns(ctx, tx, w.Digest, c.term); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE artifact_downloads SET written = 0, bytes = 0, hash_state = NULL, s3_key = NULL, s3_upload_id = NULL, s3_parts = NULL,
+				updated_at = now() WHERE digest = $1`, w.Digest)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("giving up upload %s of %s: %w", c.uploadID, c.key, err)
+		}
 		p.abortUpload(ctx, blobstore.Upload{Key: c.key, ID: c.uploadID})
 	}
 	c.key, c.uploadID, c.parts, c.offset = "", "", nil, 0
+	return nil
 }
 
 // checkUpload makes sure that the multipart upload the claim continues is
@@ -176,7 +192,7 @@ func (p *Prefetcher) dropUpload(ctx context.Context, c *claim) {
 // (blobstore.CannotList). Any other error (the store unreachable, a 5xx,
 // SlowDown) is returned and the upload kept: the next attempt tries the
 // resume again.
-func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger) error {
+func (p *Prefetcher) checkUpload(ctx context.Context, fence jobs.Fence, w want, c *claim, log *slog.Logger) error {
 	if c.uploadID == "" {
 		return nil
 	}
@@ -199,8 +215,7 @@ func (p *Prefetcher) checkUpload(ctx context.Context, c *claim, log *slog.Logger
 		}
 	}
 	log.Warn("artifact upload cannot be continued; starting again from byte 0", "key", c.key, "upload", c.uploadID, "committed", c.offset, "reason", why)
-	p.dropUpload(ctx, c)
-	return nil
+	return p.dropUpload(ctx, fence, w, c)
 }
 
 // partsDiffer says how the listed parts differ from the recorded ones, or
@@ -344,7 +359,7 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 		}
 	}
 	if c.store == blobstore.KindS3 {
-		if err := p.checkUpload(ctx, &c, log); err != nil {
+		if err := p.checkUpload(ctx, fence, w, &c, log); err != nil {
 			reason = "store"
 			return err
 		}
@@ -364,7 +379,10 @@ func (p *Prefetcher) download(ctx context.Context, fence jobs.Fence, w want) (er
 	if src.from != c.offset {
 		h.Reset()
 		log.Info("artifact download starts from byte 0", "committed", c.offset, "size", w.Size)
-		p.dropUpload(ctx, &c)
+		if err := p.dropUpload(ctx, fence, w, &c); err != nil {
+			reason = "store"
+			return err
+		}
 	} else if c.offset > 0 {
 		p.mResumed.Inc()
 		log.Info("artifact download resumed", "from", c.offset, "size", w.Size)

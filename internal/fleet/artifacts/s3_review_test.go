@@ -216,3 +216,97 @@ func TestS3TransientErrorListingPartsKeepsTheUploadForTheNextAttempt(t *testing.
 		t.Fatalf("served %d bytes that differ from the source", len(got))
 	}
 }
+
+// A claimer that lost its term while paused between its claim and its
+// check of the upload (here: its ListParts held, then answered that the
+// store does not list parts) gives the upload up only under the row lock
+// and its term: the newer term has claimed and recorded the same upload
+// meanwhile, so the stale claimer leaves it alone and the newer term's
+// next attempt continues it.
+func TestS3StaleClaimerDoesNotAbortTheUploadANewerTermContinues(t *testing.T) {
+	srv := s3test.Start(t, bucket)
+	u, err := url.Parse("http://" + srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var hold atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	ps := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Query().Get("uploadId") != "" && hold.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(http.StatusNotImplemented)
+			_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>NotImplemented</Code><Message>A header you provided implies functionality that is not implemented.</Message></Error>`))
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer ps.Close()
+	defer releaseAll()
+	st := proxied(t, srv, ps)
+	e := leader(t)
+	ctx := context.Background()
+	opts, data, _ := s3Interrupted(t, e, st)
+	before := recordedUpload(t, e)
+
+	hold.Store(true)
+	old := e.el
+	staleDone := make(chan error, 1)
+	go func() { staleDone <- e.prefetcherWith(opts).Run(ctx, old.InTerm) }()
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the old claimer never listed the parts")
+	}
+	e.stopElector()
+	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopCur()
+	// The newer term claims the download and keeps the upload (its source
+	// fails for now).
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusBadGateway) }))
+	defer failing.Close()
+	var url0 string
+	if err := e.st.Pool.QueryRow(ctx, `SELECT url FROM package_assets`).Scan(&url0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool.Exec(ctx, `UPDATE package_assets SET url = $1`, failing.URL+"/agent"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcherWith(opts).Run(ctx, cur.InTerm); err == nil || !strings.Contains(err.Error(), "502") {
+		t.Fatalf("want the source's error, got %v", err)
+	}
+	if after := recordedUpload(t, e); after.id != before.id || after.term != cur.Term() {
+		t.Fatalf("record after the newer term's attempt: %+v, want upload %s of term %d", after, before.id, cur.Term())
+	}
+	releaseAll()
+	if err := <-staleDone; err == nil {
+		t.Fatal("the stale claimer's run reported success")
+	}
+	if ids := openUploads(t, srv); len(ids) != 1 || ids[0] != before.id {
+		t.Fatalf("open uploads %q: want the newer term's %s", ids, before.id)
+	}
+	if after := recordedUpload(t, e); after.id != before.id || after.written != before.written {
+		t.Fatalf("record after the stale claimer: %+v, before %+v", after, before)
+	}
+	// The newer term continues the upload where it was.
+	if _, err := e.st.Pool.Exec(ctx, `UPDATE package_assets SET url = $1`, url0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcherWith(opts).Run(ctx, cur.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	dls, _ := artifacts.Downloads(ctx, e.st.Pool)
+	if len(dls) != 1 || dls[0].State != "done" || dls[0].ResumedFrom != before.written {
+		t.Fatalf("download record: %+v, want resumed from %d", dls, before.written)
+	}
+	if got := serve(t, e, digestOf(data), st); !bytes.Equal(got, data) {
+		t.Fatalf("served %d bytes that differ from the source", len(got))
+	}
+}
