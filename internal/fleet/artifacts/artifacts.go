@@ -63,6 +63,16 @@ const DefaultSegmentSize = 8 << 20
 // the database, logged and exported.
 const ProgressEvery = time.Second
 
+// S3SweepGrace is the age below which retention's sweep leaves an S3
+// object that no blob row names, or a multipart upload that no download
+// row names: it may be one that a leader (this one, or one that took over
+// while a stale leader sweeps) completed or started and has not recorded
+// yet. An hour is far longer than the time between completing an upload
+// and registering it, or starting one and recording its first part, and
+// than any clock skew between the store and the replicas; the garbage it
+// spares is removed by a sweep an hour later.
+const S3SweepGrace = time.Hour
+
 // Options configure the prefetcher.
 type Options struct {
 	Pool *pgxpool.Pool
@@ -90,6 +100,8 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// ProgressEvery overrides ProgressEvery (tests).
 	ProgressEvery time.Duration
+	// S3SweepGrace overrides S3SweepGrace (tests).
+	S3SweepGrace time.Duration
 }
 
 // Progress is one download as the API shows it.
@@ -141,6 +153,9 @@ func New(o Options) *Prefetcher {
 	}
 	if o.ProgressEvery <= 0 {
 		o.ProgressEvery = ProgressEvery
+	}
+	if o.S3SweepGrace <= 0 {
+		o.S3SweepGrace = S3SweepGrace
 	}
 	if o.SegmentSize < ChunkSize {
 		o.SegmentSize = DefaultSegmentSize

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -159,9 +160,13 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 // it recorded the first part, an upload given up whose abort failed). The
 // uploads that download rows name are kept for a resume. Only the leader's
 // job runs it, after its own downloads of the run, so no upload of this
-// job is in progress.
+// job is in progress; but a leader may lose its term during the sweep, and
+// a newer one complete an upload it has not registered yet, or start one
+// whose first part it has not recorded: objects and uploads younger than
+// the grace (Options.S3SweepGrace, by the store's LastModified and
+// Initiated) are left for a later sweep.
 func (p *Prefetcher) sweepS3(ctx context.Context) error {
-	keys, incomplete, err := p.o.S3.Objects(ctx)
+	objects, incomplete, err := p.o.S3.Objects(ctx)
 	if err != nil {
 		return fmt.Errorf("retention: listing %s: %w", p.o.S3, err)
 	}
@@ -177,13 +182,14 @@ func (p *Prefetcher) sweepS3(ctx context.Context) error {
 	for _, k := range named {
 		live[k] = true
 	}
+	young := func(t time.Time) bool { return time.Since(t) < p.o.S3SweepGrace }
 	var errs []error
 	var n int
-	for _, k := range keys {
-		if live[k] {
+	for _, o := range objects {
+		if live[o.Key] || young(o.Modified) {
 			continue
 		}
-		if err := p.o.S3.Delete(ctx, k); err != nil {
+		if err := p.o.S3.Delete(ctx, o.Key); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -202,7 +208,7 @@ func (p *Prefetcher) sweepS3(ctx context.Context) error {
 		keep[id] = true
 	}
 	for _, u := range incomplete {
-		if keep[u.ID] {
+		if keep[u.ID] || young(u.Initiated) {
 			continue
 		}
 		if err := p.o.S3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {

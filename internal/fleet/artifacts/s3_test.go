@@ -108,8 +108,11 @@ func TestS3PrefetchServesWithRangeAndETagAndRetentionRemoves(t *testing.T) {
 	}
 
 	// An object that no blob row names (an upload of a leader that lost
-	// its term) is garbage; keep = 1 removes v1.0.0 and v1.1.0 too.
-	if _, err := srv.Client().PutObject(ctx, bucket, "fleet-a/blobs/sha256/0000.t9-lost", strings.NewReader("lost"), 4, minio.PutObjectOptions{}); err != nil {
+	// its term) is garbage once older than the sweep's grace (younger, it
+	// may be one that a newer leader completed and has not registered
+	// yet); keep = 1 removes v1.0.0 and v1.1.0 too, at once.
+	const lost = "fleet-a/blobs/sha256/0000.t9-lost"
+	if _, err := srv.Client().PutObject(ctx, bucket, lost, strings.NewReader("lost"), 4, minio.PutObjectOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.prefetcherWith(artifacts.Options{Keep: 1, S3: st, StoreS3: true}).Run(ctx, e.el.InTerm); err != nil {
@@ -117,8 +120,14 @@ func TestS3PrefetchServesWithRangeAndETagAndRetentionRemoves(t *testing.T) {
 	}
 	blobs, _ = artifacts.Blobs(ctx, e.st.Pool)
 	keys, _ = srv.Keys(ctx, bucket, "fleet-a/")
-	if len(blobs) != 1 || blobs[0].Digest != digestOf(big) || len(keys) != 1 {
-		t.Fatalf("after retention: blobs %+v, objects %q", blobs, keys)
+	if len(blobs) != 1 || blobs[0].Digest != digestOf(big) || len(keys) != 2 || !slices.Contains(keys, lost) {
+		t.Fatalf("after retention: blobs %+v, objects %q; want the big blob's and the young %s", blobs, keys, lost)
+	}
+	if err := e.prefetcherWith(artifacts.Options{Keep: 1, S3: st, StoreS3: true, S3SweepGrace: time.Nanosecond}).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	if keys, _ = srv.Keys(ctx, bucket, "fleet-a/"); len(keys) != 1 || keys[0] == lost {
+		t.Fatalf("objects after the grace: %q, want the big blob's only", keys)
 	}
 	if got := serve(t, e, digestOf(big), st); !bytes.Equal(got, big) {
 		t.Fatal("the kept blob is no longer served")
@@ -400,7 +409,8 @@ func TestS3ResumeChecksTheUploadsParts(t *testing.T) {
 
 // Retention keeps the upload that a failed download row names (the next
 // attempt continues it) and aborts an upload that no row names (a leader
-// that died before it recorded its first part).
+// that died before it recorded its first part) once it is older than the
+// sweep's grace.
 func TestS3RetentionAbortsOnlyUploadsNoDownloadNames(t *testing.T) {
 	srv := s3test.Start(t, bucket)
 	st := s3Store(t, srv)
@@ -419,6 +429,15 @@ func TestS3RetentionAbortsOnlyUploadsNoDownloadNames(t *testing.T) {
 	if _, err := e.st.Pool.Exec(ctx, `UPDATE package_assets SET url = $1`, failing.URL+"/agent"); err != nil {
 		t.Fatal(err)
 	}
+	// Younger than the sweep's grace, the stray upload may be one that a
+	// newer leader started and has not recorded yet: kept.
+	if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err == nil || !strings.Contains(err.Error(), "502") {
+		t.Fatalf("want the source's error, got %v", err)
+	}
+	if ids := openUploads(t, srv); len(ids) != 2 || !slices.Contains(ids, u.id) || !slices.Contains(ids, stray) {
+		t.Fatalf("open uploads %q: want the recorded %s and the young %s", ids, u.id, stray)
+	}
+	opts.S3SweepGrace = time.Nanosecond
 	if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err == nil || !strings.Contains(err.Error(), "502") {
 		t.Fatalf("want the source's error, got %v", err)
 	}

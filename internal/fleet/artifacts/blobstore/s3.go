@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/minio/minio-go/v7"
@@ -134,16 +135,26 @@ func (s *S3) Remove(ctx context.Context, _ pgx.Tx, r Ref) error {
 // Upload is an unfinished multipart upload.
 type Upload struct {
 	Key, ID string
+	// Initiated is when the store started the upload, as it lists it
+	// (zero when unknown).
+	Initiated time.Time
 }
 
-// Objects returns the keys of every blob object under the prefix and the
-// unfinished multipart uploads there.
-func (s *S3) Objects(ctx context.Context) (keys []string, incomplete []Upload, err error) {
+// Object is a blob object as the store lists it.
+type Object struct {
+	Key string
+	// Modified is the object's LastModified (zero when unknown).
+	Modified time.Time
+}
+
+// Objects returns every blob object under the prefix and the unfinished
+// multipart uploads there.
+func (s *S3) Objects(ctx context.Context) (objects []Object, incomplete []Upload, err error) {
 	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix + "blobs/", Recursive: true}) {
 		if o.Err != nil {
 			return nil, nil, o.Err
 		}
-		keys = append(keys, o.Key)
+		objects = append(objects, Object{Key: o.Key, Modified: o.LastModified})
 	}
 	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, s.prefix+"blobs/", true) {
 		if u.Err != nil {
@@ -151,9 +162,9 @@ func (s *S3) Objects(ctx context.Context) (keys []string, incomplete []Upload, e
 			// servers; the objects are what retention must see.
 			break
 		}
-		incomplete = append(incomplete, Upload{Key: u.Key, ID: u.UploadID})
+		incomplete = append(incomplete, Upload{Key: u.Key, ID: u.UploadID, Initiated: u.Initiated})
 	}
-	return keys, incomplete, nil
+	return objects, incomplete, nil
 }
 
 // Delete removes the object key.
