@@ -142,7 +142,7 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 			}
 			partial++
 		}
-		if err := p.sweepS3(ctx); err != nil {
+		if err := p.sweepS3(ctx, fence); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -165,25 +165,59 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 // whose first part it has not recorded: objects and uploads younger than
 // the grace (Options.S3SweepGrace, by the store's LastModified and
 // Initiated) are left for a later sweep.
-func (p *Prefetcher) sweepS3(ctx context.Context) error {
+//
+// It also heals the opposite: a blob row, older than the grace, whose
+// object the listing lacks (deleted by hand or by a lifecycle rule) is
+// deleted in a fenced transaction, so the next run downloads the blob
+// again instead of serving a missing object for good. The listing is made
+// before the rows are read, so a row that old named an object that
+// existed before the listing began.
+func (p *Prefetcher) sweepS3(ctx context.Context, fence jobs.Fence) error {
 	objects, incomplete, err := p.o.S3.Objects(ctx)
 	if err != nil {
 		return fmt.Errorf("retention: listing %s: %w", p.o.S3, err)
 	}
-	rows, err := p.o.Pool.Query(ctx, `SELECT object_key FROM artifact_blobs WHERE object_key IS NOT NULL`)
-	if err != nil {
-		return err
-	}
-	named, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	rows, err := p.o.Pool.Query(ctx, `SELECT digest, object_key, stored_at < now() - make_interval(secs => $1) FROM artifact_blobs WHERE object_key IS NOT NULL`,
+		p.o.S3SweepGrace.Seconds())
 	if err != nil {
 		return err
 	}
 	live := map[string]bool{}
-	for _, k := range named {
-		live[k] = true
+	type named struct {
+		digest, key string
+	}
+	var old []named
+	var digest, key string
+	var isOld bool
+	if _, err := pgx.ForEachRow(rows, []any{&digest, &key, &isOld}, func() error {
+		live[key] = true
+		if isOld {
+			old = append(old, named{digest, key})
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	listed := make(map[string]bool, len(objects))
+	for _, o := range objects {
+		listed[o.Key] = true
+	}
+	var errs []error
+	for _, b := range old {
+		if listed[b.key] {
+			continue
+		}
+		err := p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, _ int64) error {
+			_, err := tx.Exec(ctx, `DELETE FROM artifact_blobs WHERE digest = $1 AND object_key = $2`, b.digest, b.key)
+			return err
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("retention: forgetting blob %s, whose object %s is missing from %s: %w", b.digest, b.key, p.o.S3, err))
+			continue
+		}
+		p.log.Warn("artifact blob's S3 object is missing; forgot the blob, the next run downloads it again", "digest", b.digest, "key", b.key, "store", p.o.S3.String())
 	}
 	young := func(t time.Time) bool { return time.Since(t) < p.o.S3SweepGrace }
-	var errs []error
 	var n int
 	for _, o := range objects {
 		if live[o.Key] || young(o.Modified) {

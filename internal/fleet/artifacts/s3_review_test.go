@@ -310,3 +310,51 @@ func TestS3StaleClaimerDoesNotAbortTheUploadANewerTermContinues(t *testing.T) {
 		t.Fatalf("served %d bytes that differ from the source", len(got))
 	}
 }
+
+// A blob whose object went missing from the bucket (deleted by hand, a
+// lifecycle rule) is forgotten by the sweep once its row is older than the
+// grace, and the next run downloads it again; a younger row is left alone
+// (its object may be registered after the listing was made).
+func TestS3BlobWhoseObjectIsMissingIsDownloadedAgain(t *testing.T) {
+	srv := s3test.Start(t, bucket)
+	st := s3Store(t, srv)
+	e := leader(t)
+	ctx := context.Background()
+	data := []byte("agent v1.0.0 small")
+	src := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(data) }))
+	defer src.Close()
+	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: int64(len(data)), URL: src.URL + "/agent"})
+	opts := artifacts.Options{Keep: 3, S3: st, StoreS3: true}
+	if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	if err := e.st.Pool.QueryRow(ctx, `SELECT object_key FROM artifact_blobs`).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err != nil {
+		t.Fatal(err)
+	}
+	var again string
+	if err := e.st.Pool.QueryRow(ctx, `SELECT object_key FROM artifact_blobs`).Scan(&again); err != nil || again != key {
+		t.Fatalf("a young row: object key %q (%v), want it kept as %q", again, err, key)
+	}
+	if _, err := e.st.Pool.Exec(ctx, `UPDATE artifact_blobs SET stored_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	// This run forgets the blob; the next one downloads it again.
+	for range 2 {
+		if err := e.prefetcherWith(opts).Run(ctx, e.el.InTerm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.st.Pool.QueryRow(ctx, `SELECT object_key FROM artifact_blobs`).Scan(&again); err != nil || again == key {
+		t.Fatalf("object key %q (%v), want a new one", again, err)
+	}
+	if got := serve(t, e, digestOf(data), st); !bytes.Equal(got, data) {
+		t.Fatalf("served %q", got)
+	}
+}
