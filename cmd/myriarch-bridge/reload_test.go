@@ -92,7 +92,7 @@ func (p *bridgeProc) httpAddr(t *testing.T) string {
 	eventually(t, "the bridge logs its HTTP address", time.Minute, func() bool {
 		b, _ := os.ReadFile(filepath.Join(p.dir, "bridge.log"))
 		for line := range strings.Lines(string(b)) {
-			if !strings.Contains(line, "serving /live") {
+			if !strings.Contains(line, "serving /live") || !strings.HasSuffix(line, "\n") {
 				continue
 			}
 			for f := range strings.FieldsSeq(line) {

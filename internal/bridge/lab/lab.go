@@ -372,7 +372,8 @@ func (p *proc) httpAddr() string {
 // "serving /live /ready /status /metrics" (text or JSON format).
 func listenAddrFromLog(log string) string {
 	for line := range strings.Lines(log) {
-		if !strings.Contains(line, "serving /live") {
+		// A line still being written has no newline yet.
+		if !strings.Contains(line, "serving /live") || !strings.HasSuffix(line, "\n") {
 			continue
 		}
 		var rec struct{ Addr string }
