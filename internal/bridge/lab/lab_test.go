@@ -256,7 +256,7 @@ func TestListenAddrFromLog(t *testing.T) {
 			"time=x level=INFO msg=\"serving /live /ready /status /metrics\" addr=127.0.0.1:41234\n", "127.0.0.1:41234"},
 		"json":    {`{"time":"x","level":"INFO","msg":"serving /live /ready /status /metrics","addr":"127.0.0.1:5"}` + "\n", "127.0.0.1:5"},
 		"not yet": {"time=x level=INFO msg=starting\n", ""},
-		"cut off": {"time=x level=INFO msg=\"serving /live", ""},
+		"cut off": {"time=x level=INFO msg=\"serving /live /ready /status /metrics\" addr=127.0.0.1:41", ""},
 	} {
 		if got := listenAddrFromLog(tc.log); got != tc.want {
 			t.Errorf("%s: %q, want %q", name, got, tc.want)
