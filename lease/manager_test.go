@@ -97,10 +97,14 @@ func waitEvent(t testing.TB, r *run, kind lease.EventKind, limit time.Duration) 
 }
 
 // cadence is the fast cadence with a TTL long enough that a stalled,
-// overloaded test machine does not cost the owner its lease.
+// overloaded test machine does not cost the owner its lease, and a
+// step_down_grace that gives each bounded step-down phase (the release
+// call among them) a second rather than 200ms: a release through sqlite
+// on a loaded machine took longer than 200ms and was abandoned.
 func cadence() failover.Cadence {
 	c := leasesim.FastCadence()
 	c.LeaseTTL = 3 * time.Second
+	c.StepDownGrace = time.Second
 	return c
 }
 
