@@ -26,7 +26,7 @@ func TestPausedReplicaStopsActingAtOnce(t *testing.T) {
 	pool := newPool(t, c.DSN(""))
 	clock := &offsetClock{}
 	a := startReplica(t, pool, "a", func(cfg *Config) { cfg.Clock = clock })
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	a.waitLeads(t, "a leads", 20*time.Second)
 	l := a.lead.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -26,10 +26,6 @@ func TestSIGHUPReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer br.Close()
-	addr, err := embroker.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
 	sk, sk2 := newSeqSink(t), newSeqSink(t)
 	dir := t.TempDir()
 	render := func(slo string, second bool) string {
@@ -37,11 +33,14 @@ func TestSIGHUPReloads(t *testing.T) {
 		if second {
 			y = strings.Replace(y, "routes:\n", e2eSecondRoute, 1)
 		}
-		y = strings.Replace(y, `listen: "off"`, `listen: "`+addr+`"`, 1)
+		// Port 0: a port found free here and bound by the process later
+		// could be taken in between; the process logs the one it bound.
+		y = strings.Replace(y, `listen: "off"`, `listen: "127.0.0.1:0"`, 1)
 		return strings.NewReplacer("LEASEDB", filepath.Join(dir, "lease.db"), "BROKER", br.URL, "SINK2", sk2.srv.URL,
 			"SINK", sk.srv.URL, "TTL", "5s", "SLO", slo).Replace(y)
 	}
 	p := startBridgeProc(t, dir, render("60s", false))
+	addr := p.httpAddr(t)
 	status := func() (st runtime.Status) {
 		resp, err := http.Get("http://" + addr + "/status")
 		if err != nil {
@@ -83,4 +82,27 @@ func TestSIGHUPReloads(t *testing.T) {
 	if len(st.Sessions) != 1 || fmt.Sprint(st.Sessions[0].Routes) != "[r2 r]" || st.Sessions[0].LeaseVersion != version || st.Sessions[0].Role != "owner" {
 		t.Fatalf("after SIGHUP reloads: %+v; want owner at lease version %d with routes [r2 r]", st.Sessions, version)
 	}
+}
+
+// httpAddr is the address of the process's HTTP listener, from its log
+// line "serving /live /ready /status /metrics" (text format: addr=host:port).
+func (p *bridgeProc) httpAddr(t *testing.T) string {
+	t.Helper()
+	var addr string
+	eventually(t, "the bridge logs its HTTP address", time.Minute, func() bool {
+		b, _ := os.ReadFile(filepath.Join(p.dir, "bridge.log"))
+		for line := range strings.Lines(string(b)) {
+			if !strings.Contains(line, "serving /live") || !strings.HasSuffix(line, "\n") {
+				continue
+			}
+			for f := range strings.FieldsSeq(line) {
+				if a, ok := strings.CutPrefix(f, "addr="); ok {
+					addr = a
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return addr
 }

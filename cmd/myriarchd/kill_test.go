@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,33 +51,48 @@ type replicaProc struct {
 	waitErr error
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	p, err := pgtest.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
+// startedAddrs reads the listeners' addresses from the replica's log line
+// "myriarchd replica started" (text format: opamp=host:port/path
+// http=host:port); "" while it has not been written whole.
+func startedAddrs(log string) (httpAddr, opampAddr string) {
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, "myriarchd replica started") || !strings.HasSuffix(line, "\n") {
+			continue
+		}
+		for f := range strings.FieldsSeq(line) {
+			if a, ok := strings.CutPrefix(f, "http="); ok {
+				httpAddr = a
+			}
+			if a, ok := strings.CutPrefix(f, "opamp="); ok {
+				opampAddr, _, _ = strings.Cut(a, "/")
+			}
+		}
+		return httpAddr, opampAddr
 	}
-	return "127.0.0.1:" + strconv.Itoa(p)
+	return "", ""
 }
 
 // startReplica runs `myriarchd serve` with settings as MYRIARCH_* variables
-// on free loopback ports and waits until it is ready.
+// and waits until it is ready. It listens on loopback ports that it binds
+// itself (port 0) and logs: a port found free here and bound by the child
+// after its start-up could be taken by another process in between.
 func startReplica(t *testing.T, settings map[string]string) *replicaProc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &replicaProc{t: t, http: freeAddr(t), opamp: freeAddr(t), done: make(chan struct{})}
+	r := &replicaProc{t: t, done: make(chan struct{})}
 	env := []string{reexecEnv + "=1"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MYRIARCH_") {
 			env = append(env, kv)
 		}
 	}
-	settings["server.httpListen"] = r.http
-	settings["server.opampListen"] = r.opamp
+	settings["server.httpListen"] = "127.0.0.1:0"
+	settings["server.opampListen"] = "127.0.0.1:0"
 	settings["log.level"] = "info"
+	settings["log.format"] = "text"
 	for k, v := range settings {
 		env = append(env, config.EnvName(k)+"="+v)
 	}
@@ -105,6 +119,12 @@ func startReplica(t *testing.T, settings map[string]string) *replicaProc {
 		case <-r.done:
 			return true
 		default:
+		}
+		if r.http == "" {
+			if r.http, r.opamp = startedAddrs(r.stderr.String()); r.http == "" || r.opamp == "" {
+				r.http = ""
+				return false
+			}
 		}
 		resp, err := http.Get("http://" + r.http + "/readyz")
 		if err != nil {

@@ -52,12 +52,27 @@ type Options struct {
 
 // StartWith is Start with Options.
 func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) {
+	// addr "": the broker serves on a listener bound to a port the kernel
+	// picked, rather than on a port found free a moment earlier and bound
+	// again later, which another process (an outgoing connection's local
+	// port, another package's test) can take in between.
+	var ln net.Listener
 	if addr == "" {
 		var err error
-		if addr, err = FreePort(); err != nil {
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 			return nil, err
 		}
+		addr = ln.Addr().String()
+		if opts.TLS != nil {
+			ln = tls.NewListener(ln, opts.TLS)
+		}
 	}
+	started := false
+	defer func() {
+		if ln != nil && !started {
+			_ = ln.Close()
+		}
+	}()
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -92,13 +107,18 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 	if err := s.AddHook(&connectionLog{log: logger.With("component", "embroker")}, nil); err != nil {
 		return nil, err
 	}
-	if err := s.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr, TLSConfig: opts.TLS})); err != nil {
+	var l listeners.Listener = listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr, TLSConfig: opts.TLS})
+	if ln != nil {
+		l = listeners.NewNet("tcp", ln)
+	}
+	if err := s.AddListener(l); err != nil {
 		return nil, err
 	}
 	if err := s.Serve(); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded broker on %s: %w", addr, err)
 	}
+	started = true
 	scheme := "tcp://"
 	if opts.TLS != nil {
 		scheme = "mqtts://"

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -52,7 +53,25 @@ func StartMosquittoWith(ctx context.Context, dir, settings, listenerConf string)
 	if err != nil {
 		return nil, err
 	}
-	addr, err := FreePort()
+	// mosquitto cannot listen on a port of the kernel's choice and report
+	// it, so the port is found free here and bound by mosquitto a moment
+	// later; another process can take it in between. Then try another.
+	for attempt := 1; ; attempt++ {
+		m, err := startMosquitto(ctx, bin, dir, settings, listenerConf)
+		if errors.Is(err, errAddrInUse) && attempt < 5 {
+			continue
+		}
+		return m, err
+	}
+}
+
+var errAddrInUse = errors.New("address already in use")
+
+// pickPort is FreePort; a test makes it return a port in use.
+var pickPort = FreePort
+
+func startMosquitto(ctx context.Context, bin, dir, settings, listenerConf string) (*Mosquitto, error) {
+	addr, err := pickPort()
 	if err != nil {
 		return nil, err
 	}
@@ -96,6 +115,9 @@ func StartMosquittoWith(ctx context.Context, dir, settings, listenerConf string)
 		select {
 		case <-m.exited:
 			log, _ := os.ReadFile(filepath.Join(dir, "mosquitto.log"))
+			if strings.Contains(string(log), "Address already in use") {
+				return nil, fmt.Errorf("mosquitto on %s: %w: %s", addr, errAddrInUse, log)
+			}
 			return nil, fmt.Errorf("mosquitto exited at start: %s", log)
 		case <-ctx.Done():
 			m.Close()

@@ -336,9 +336,57 @@ func (r rendering) String() string {
 type proc struct {
 	name   string
 	cmd    *exec.Cmd
-	http   string
 	exited chan struct{}
 	code   int
+
+	// The process listens on port 0 and logs the address it bound; it is
+	// read from its log (this start's part, from logFrom) on first use.
+	logPath string
+	logFrom int64
+	mu      sync.Mutex
+	http    string
+}
+
+// httpAddr is the address of the process's HTTP listener, "" while it has
+// not logged it yet.
+func (p *proc) httpAddr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.http != "" {
+		return p.http
+	}
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.NewSectionReader(f, p.logFrom, 1<<30))
+	if err != nil && !errors.Is(err, io.EOF) {
+		return ""
+	}
+	p.http = listenAddrFromLog(string(b))
+	return p.http
+}
+
+// listenAddrFromLog finds the address in the bridge's log line
+// "serving /live /ready /status /metrics" (text or JSON format).
+func listenAddrFromLog(log string) string {
+	for line := range strings.Lines(log) {
+		// A line still being written has no newline yet.
+		if !strings.Contains(line, "serving /live") || !strings.HasSuffix(line, "\n") {
+			continue
+		}
+		var rec struct{ Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Addr != "" {
+			return rec.Addr
+		}
+		for f := range strings.FieldsSeq(line) {
+			if a, ok := strings.CutPrefix(f, "addr="); ok {
+				return a
+			}
+		}
+	}
+	return ""
 }
 
 // slot is one of the two instances, restarted in place after a fault.
@@ -608,13 +656,12 @@ func (e *env) start(s *slot) error {
 		}
 		storeAddr = s.storePx.Addr()
 	}
-	httpAddr, err := embroker.FreePort()
-	if err != nil {
-		return err
-	}
 	e.starts++
 	r := e.render
-	r.instance, r.http, r.store, r.broker = s.name, httpAddr, e.store.block(storeAddr), "tcp://"+s.brokerPx.Addr()
+	// Port 0, not a port found free here: the process binds it only after
+	// its start-up, and anything else on the machine could take a free
+	// port in between. The process logs the one it bound.
+	r.instance, r.http, r.store, r.broker = s.name, "127.0.0.1:0", e.store.block(storeAddr), "tcp://"+s.brokerPx.Addr()
 	cfgPath := filepath.Join(e.dir, s.name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(r.String()), 0o644); err != nil {
 		return err
@@ -624,6 +671,11 @@ func (e *env) start(s *slot) error {
 		return err
 	}
 	fmt.Fprintf(logf, "--- start %d at %s\n", e.starts, time.Now().Format(time.RFC3339Nano))
+	logFrom, err := logf.Seek(0, io.SeekCurrent)
+	if err != nil {
+		logf.Close()
+		return err
+	}
 	cmd := e.opts.Command("run", "-c", cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A process group of its own: a stopped process in a group that the
@@ -637,7 +689,7 @@ func (e *env) start(s *slot) error {
 		logf.Close()
 		return err
 	}
-	p := &proc{name: s.name, cmd: cmd, http: httpAddr, exited: make(chan struct{})}
+	p := &proc{name: s.name, cmd: cmd, exited: make(chan struct{}), logPath: logf.Name(), logFrom: logFrom}
 	go func() {
 		_ = cmd.Wait()
 		p.code = cmd.ProcessState.ExitCode()
@@ -684,8 +736,12 @@ func (p *proc) alive() bool {
 
 // state is role/service_level from /status, "" when unreachable.
 func (p *proc) state() string {
+	addr := p.httpAddr()
+	if addr == "" {
+		return ""
+	}
 	c := http.Client{Timeout: 500 * time.Millisecond}
-	resp, err := c.Get("http://" + p.http + "/status")
+	resp, err := c.Get("http://" + addr + "/status")
 	if err != nil {
 		return ""
 	}

@@ -247,3 +247,19 @@ func TestJudgeHandover(t *testing.T) {
 		})
 	}
 }
+
+// The lab reads each process's HTTP address from its log, in both of the
+// bridge's log formats, and only from the line that reports it.
+func TestListenAddrFromLog(t *testing.T) {
+	for name, tc := range map[string]struct{ log, want string }{
+		"text": {"time=x level=INFO msg=\"lease acquired\" addr=10.0.0.1:1\n" +
+			"time=x level=INFO msg=\"serving /live /ready /status /metrics\" addr=127.0.0.1:41234\n", "127.0.0.1:41234"},
+		"json":    {`{"time":"x","level":"INFO","msg":"serving /live /ready /status /metrics","addr":"127.0.0.1:5"}` + "\n", "127.0.0.1:5"},
+		"not yet": {"time=x level=INFO msg=starting\n", ""},
+		"cut off": {"time=x level=INFO msg=\"serving /live /ready /status /metrics\" addr=127.0.0.1:41", ""},
+	} {
+		if got := listenAddrFromLog(tc.log); got != tc.want {
+			t.Errorf("%s: %q, want %q", name, got, tc.want)
+		}
+	}
+}

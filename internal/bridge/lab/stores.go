@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -114,7 +115,24 @@ func startStore(ctx context.Context, kind, dir string) (*storeEnv, error) {
 }
 
 // startEtcd runs an embedded single-member etcd on free loopback ports.
+// The ports are found free and bound by etcd a moment later; one taken in
+// between (an outgoing connection's local port, another process) costs a
+// start afresh on other ports.
 func startEtcd(dir string) (string, func(), error) {
+	for attempt := 1; ; attempt++ {
+		sub := "etcd"
+		if attempt > 1 {
+			sub = fmt.Sprintf("etcd-%d", attempt)
+		}
+		client, stop, err := startEtcdOnce(filepath.Join(dir, sub))
+		if err != nil && attempt < 5 && strings.Contains(err.Error(), "address already in use") {
+			continue
+		}
+		return client, stop, err
+	}
+}
+
+func startEtcdOnce(dir string) (string, func(), error) {
 	free := func() (url.URL, error) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -133,7 +151,7 @@ func startEtcd(dir string) (string, func(), error) {
 	}
 	cfg := embed.NewConfig()
 	cfg.Name = "lab"
-	cfg.Dir = filepath.Join(dir, "etcd")
+	cfg.Dir = dir
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return "", nil, err
 	}

@@ -66,6 +66,16 @@ func runChild(path string) int {
 		return 1
 	}
 	defer srv.Shutdown(context.Background())
+	// The parent learns the port that the kernel picked (listen
+	// 127.0.0.1:0) from this file, written whole by a rename.
+	if err := os.WriteFile(path+".addr.tmp", []byte(srv.Addr()), 0o600); err != nil {
+		log.Error("http", "err", err)
+		return 1
+	}
+	if err := os.Rename(path+".addr.tmp", path+".addr"); err != nil {
+		log.Error("http", "err", err)
+		return 1
+	}
 	if err := b.Run(ctx); err != nil {
 		log.Error("run", "err", err)
 		return 1
@@ -136,9 +146,12 @@ type child struct {
 	lastRole atomic.Value
 }
 
-func startChild(t *testing.T, cfgPath, addr string) *child {
+// Its configuration listens on 127.0.0.1:0: a port picked by the parent
+// and bound later by the child could be taken in between (by another
+// package's test, or as an outgoing connection's local port).
+func startChild(t *testing.T, cfgPath string) *child {
 	t.Helper()
-	c := &child{addr: addr, stderr: &bytes.Buffer{}, mu: &sync.Mutex{}}
+	c := &child{stderr: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	c.cmd.Env = append(os.Environ(), childConfigEnv+"="+cfgPath)
 	c.cmd.Stderr = lockedWriter{c.mu, c.stderr}
@@ -152,10 +165,23 @@ func startChild(t *testing.T, cfgPath, addr string) *child {
 		}
 		if t.Failed() {
 			c.mu.Lock()
-			t.Logf("child %s stderr:\n%s", addr, c.stderr.String())
+			t.Logf("child %s stderr:\n%s", cfgPath, c.stderr.String())
 			c.mu.Unlock()
 		}
 	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if b, err := os.ReadFile(cfgPath + ".addr"); err == nil {
+			c.addr = string(b)
+			break
+		}
+		if time.Now().After(deadline) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			t.Fatalf("child %s did not report its HTTP address within 30s; stderr:\n%s", cfgPath, c.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	return c
 }
 
@@ -280,12 +306,8 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	t.Cleanup(func() { _ = br.Close() }) // after the instances stop
 	dir := t.TempDir()
 	sk := newSink(t)
-	addrA, err := embroker.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pathA, _ := clusteredConfig(t, dir, "a", addrA, storeYAML, br.URL, sk.srv.URL)
-	a := startChild(t, pathA, addrA)
+	pathA, _ := clusteredConfig(t, dir, "a", "127.0.0.1:0", storeYAML, br.URL, sk.srv.URL)
+	a := startChild(t, pathA)
 	waitFor(t, "a owns and serves", func() bool { return a.role() == "owner/full" })
 	_, cfgB := clusteredConfig(t, dir, "b", "off", storeYAML, br.URL, sk.srv.URL)
 	events := &eventLog{}
@@ -421,11 +443,7 @@ func startEtcd(t *testing.T) string {
 // answering (stalled, not dead) still counts as owner; only a reaped one
 // does not.
 func TestSilentChildStillCountsAsOwner(t *testing.T) {
-	dead, err := embroker.FreePort() // nobody answers there
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &child{addr: dead}
+	c := &child{addr: deadAddr(t)} // nobody answers there
 	c.lastRole.Store("owner/full")
 	if !c.owner() {
 		t.Fatal("a silent live child that last reported owner reads as not owner")

@@ -60,7 +60,10 @@ func (r *releases) add(_ string, e lease.Event) {
 	if r.at == nil {
 		r.at = map[int64]time.Time{}
 	}
-	r.at[e.Token.Version] = time.Now()
+	// The manager's time of the release, not the callback's: the callback
+	// runs on the runtime's event goroutine, which a loaded machine may
+	// schedule after the successor has already delivered.
+	r.at[e.Token.Version] = e.Time
 }
 
 func (r *releases) of(v int64) (time.Time, bool) {

@@ -410,6 +410,19 @@ func (r *runner) run(ctx, hard context.Context) error {
 	r.mu.Unlock()
 	// Consume the manager's events (it drops them, counting, when nobody
 	// reads) and keep the last lease transition for /status.
+	handle := func(e lease.Event) {
+		if r.b.onEvent != nil {
+			r.b.onEvent(r.sess.ID, e)
+		}
+		if e.Kind != lease.EventRenewed {
+			r.mu.Lock()
+			r.lastEvent = e.Kind.String()
+			if e.Reason != "" {
+				r.lastEvent += " (" + e.Reason + ")"
+			}
+			r.mu.Unlock()
+		}
+	}
 	stop := make(chan struct{})
 	consumed := make(chan struct{})
 	go func() {
@@ -417,19 +430,19 @@ func (r *runner) run(ctx, hard context.Context) error {
 		for {
 			select {
 			case <-stop:
-				return
-			case e := <-r.manager.Events():
-				if r.b.onEvent != nil {
-					r.b.onEvent(r.sess.ID, e)
-				}
-				if e.Kind != lease.EventRenewed {
-					r.mu.Lock()
-					r.lastEvent = e.Kind.String()
-					if e.Reason != "" {
-						r.lastEvent += " (" + e.Reason + ")"
+				// Run has returned: what is buffered is the rest of the
+				// events (the last step-down and release among them);
+				// hand it on before Run's caller sees the return.
+				for {
+					select {
+					case e := <-r.manager.Events():
+						handle(e)
+					default:
+						return
 					}
-					r.mu.Unlock()
 				}
+			case e := <-r.manager.Events():
+				handle(e)
 			}
 		}
 	}()

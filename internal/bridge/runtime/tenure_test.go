@@ -195,10 +195,7 @@ func TestUnreachableBrokerOwnerReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer br.Close()
-	dead, err := embroker.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dead := deadAddr(t)
 	dir := t.TempDir()
 	sk := newStampSink(t)
 	a := startWith(t, cfgTemplate, dir, "a", "tcp://"+dead, sk.srv.URL, runtime.Options{})

@@ -150,8 +150,11 @@ func healthStart(d detail) float64 {
 func TestRealSupervisor(t *testing.T) {
 	otelagent.Binaries(t)
 	pg := pgtest.New(t)
-	opampAddr := fmt.Sprintf("127.0.0.1:%d", otelagent.FreePort(t))
-	d1 := replica(t, pg.DSN(""), "replica-a", opampAddr)
+	// Port 0: a port found free here and bound by the replica a moment
+	// later could be taken in between. The restart below reuses the port
+	// the first replica bound.
+	d1 := replica(t, pg.DSN(""), "replica-a", "127.0.0.1:0")
+	opampAddr := d1.OpAMPAddr().String()
 	stopped := false
 	defer func() {
 		if !stopped {

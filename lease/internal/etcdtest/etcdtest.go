@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,9 @@ type Server struct {
 	e  *embed.Etcd
 }
 
+// pickURL is freeURL; a test makes it hand out a port in use.
+var pickURL = freeURL
+
 func freeURL(t testing.TB) url.URL {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -35,33 +39,49 @@ func freeURL(t testing.TB) url.URL {
 }
 
 // Start starts an etcd for t and stops it at the end of the test.
+//
+// Its ports are found free and bound by etcd a moment later; another
+// process (an outgoing connection's local port, another package's test)
+// can take one in between. Then it starts afresh on other ports.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name = "lease-test"
-	cfg.Dir = t.TempDir()
-	client, peer := freeURL(t), freeURL(t)
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	s := &Server{cfg: cfg, Endpoint: client.String()}
-	if err := s.Restart(); err != nil {
-		t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		cfg := embed.NewConfig()
+		cfg.Name = "lease-test"
+		cfg.Dir = t.TempDir()
+		client, peer := pickURL(t), pickURL(t)
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+		s := &Server{cfg: cfg, Endpoint: client.String()}
+		err := s.start(1)
+		if err == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(s.Stop)
-	return s
 }
 
 // Restart starts the server again after Stop (same ports, same data).
 func (s *Server) Restart() error {
+	return s.start(50) // the ports may linger briefly after a stop
+}
+
+func (s *Server) start(tries int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.e != nil {
 		return nil
 	}
 	var err error
-	for range 50 { // the ports may linger briefly after a stop
+	for try := range tries {
+		if try > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
 		var e *embed.Etcd
 		e, err = embed.StartEtcd(s.cfg)
 		if err == nil {
@@ -74,7 +94,6 @@ func (s *Server) Restart() error {
 				return fmt.Errorf("etcdtest: not ready after 30s")
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("etcdtest: start: %w", err)
 }

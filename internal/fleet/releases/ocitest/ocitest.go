@@ -1,5 +1,5 @@
 // Package ocitest starts a real OCI registry for tests: Debian's
-// docker-registry (the CNCF distribution registry) on a free loopback port,
+// docker-registry (the CNCF distribution registry) on a loopback port,
 // and pushes release artifacts to it with oras-go.
 package ocitest
 
@@ -12,14 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/registry/remote"
-
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // Binary is the registry executable of the Debian package docker-registry.
@@ -41,20 +41,19 @@ func Start(t testing.TB) *Registry {
 		}
 		t.Skipf("%s is missing (apt-get install -y docker-registry)", Binary)
 	}
-	port, err := pgtest.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Port 0: the registry binds a port of the kernel's choice and logs
+	// it ("listening on ..."). A port found free here and bound by the
+	// registry after its start-up could be taken by another process in
+	// between.
 	dir := t.TempDir()
-	host := fmt.Sprintf("127.0.0.1:%d", port)
-	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), host)
+	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:0\n", filepath.Join(dir, "data"))
 	cfgPath := filepath.Join(dir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(Binary, "serve", cfgPath)
-	var logBuf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
+	logBuf := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logBuf, logBuf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -65,11 +64,18 @@ func Start(t testing.TB) *Registry {
 		<-done
 	})
 	deadline := time.Now().Add(30 * time.Second)
+	host := ""
 	for {
-		resp, err := http.Get("http://" + host + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			break
+		var err error
+		if host == "" {
+			host = listeningOn(logBuf.String())
+		}
+		if host != "" {
+			var resp *http.Response
+			if resp, err = http.Get("http://" + host + "/v2/"); err == nil {
+				resp.Body.Close()
+				break
+			}
 		}
 		select {
 		case <-done:
@@ -77,11 +83,45 @@ func Start(t testing.TB) *Registry {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("registry not up on %s: %v", host, err)
+			t.Fatalf("registry not up on %q: %v: %s", host, err, logBuf.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	return &Registry{Host: host}
+}
+
+// listeningOn is the address in the registry's log line
+// msg="listening on host:port", "" until it was written whole.
+func listeningOn(log string) string {
+	for line := range strings.Lines(log) {
+		_, rest, ok := strings.Cut(line, `msg="listening on `)
+		if !ok || !strings.HasSuffix(line, "\n") {
+			continue
+		}
+		if addr, _, ok := strings.Cut(rest, `"`); ok {
+			return addr
+		}
+	}
+	return ""
+}
+
+// lockedBuffer is the registry's log, written by exec's copying goroutine
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Repo is the plain-HTTP source string of a repository on r.

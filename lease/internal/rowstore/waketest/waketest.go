@@ -79,8 +79,10 @@ func ReleaseWakesStandby(t *testing.T, open func(t *testing.T) lease.Store) {
 			t.Fatal("the standby never tried to acquire")
 		}
 	}
-	// Let the store's watch begin (a release before it only falls back to the poll).
-	time.Sleep(2 * time.Second)
+	// Wait until the store's watch has begun (a release before it only
+	// falls back to the poll, an hour away): a fixed pause was not always
+	// enough on a loaded machine.
+	watching(t, ownerStore, standbyStore.Store)
 
 	ostop() // planned stop: the owner releases its lease
 	if err := <-odone; err != nil {
@@ -92,5 +94,44 @@ func ReleaseWakesStandby(t *testing.T, open func(t *testing.T) lease.Store) {
 	t.Logf("the standby acquired %v after the owner's Run returned (its poll: %v)", time.Since(released).Round(time.Microsecond), cadence.AcquirePollInterval)
 	if n := standbyStore.acquires.Load(); n != 2 {
 		t.Errorf("the standby called Acquire %d times; want 2 (the baseline and the one the release woke)", n)
+	}
+}
+
+// watching returns once the release watch of standby's store reports the
+// releases that owner writes. It subscribes to a probe lease of its own on
+// standby's store (the store shares one watch among all its subscribers,
+// the standby's too) and releases the probe through owner until the
+// subscription reports it.
+func watching(t *testing.T, owner, standby lease.Store) {
+	t.Helper()
+	n, ok := standby.(lease.ReleaseNotifier)
+	if !ok {
+		t.Fatalf("%T cannot report releases", standby)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const probe = "wake-test-probe"
+	ch := n.NotifyRelease(ctx, probe)
+	if ch == nil {
+		t.Fatalf("%T reports no releases (nil channel)", standby)
+	}
+	for start := time.Now(); ; {
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("the standby's store did not report a release within 30s: its watch never began")
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		tok, err := owner.Acquire(cctx, lease.Claim{ID: probe, Owner: "probe#1", TTL: time.Minute})
+		if err == nil {
+			err = owner.Release(cctx, probe, tok)
+		}
+		ccancel()
+		if err != nil {
+			t.Fatalf("probe lease: %v", err)
+		}
+		select {
+		case <-ch:
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }

@@ -1,0 +1,47 @@
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A port taken between the pick and etcd's bind costs a start on other
+// ports, not the test. Here the first pick is a port that the test holds
+// the way an outgoing connection's local port is held: bound, not
+// listening.
+func TestStartRetriesATakenPort(t *testing.T) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)}
+	picks := 0
+	pickURL = func(t testing.TB) url.URL {
+		if picks++; picks == 1 {
+			return held
+		}
+		return freeURL(t)
+	}
+	defer func() { pickURL = freeURL }()
+	s := Start(t)
+	if s.Endpoint == held.String() || picks != 4 {
+		t.Fatalf("etcd on %s after %d picks; the first pick %s was in use", s.Endpoint, picks, held.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.Client(t).Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+}
