@@ -30,6 +30,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/health"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/internal/testnet"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/etcdstore"
 	"github.com/myriarch/myriarch/lease/pgstore"
@@ -443,7 +444,7 @@ func startEtcd(t *testing.T) string {
 // answering (stalled, not dead) still counts as owner; only a reaped one
 // does not.
 func TestSilentChildStillCountsAsOwner(t *testing.T) {
-	c := &child{addr: deadAddr(t)} // nobody answers there
+	c := &child{addr: testnet.DeadAddr(t)} // nobody answers there
 	c.lastRole.Store("owner/full")
 	if !c.owner() {
 		t.Fatal("a silent live child that last reported owner reads as not owner")

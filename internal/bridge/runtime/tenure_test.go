@@ -22,6 +22,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/testnet"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -195,7 +196,7 @@ func TestUnreachableBrokerOwnerReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer br.Close()
-	dead := deadAddr(t)
+	dead := testnet.DeadAddr(t)
 	dir := t.TempDir()
 	sk := newStampSink(t)
 	a := startWith(t, cfgTemplate, dir, "a", "tcp://"+dead, sk.srv.URL, runtime.Options{})

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +23,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
-	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/internal/testnet"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -169,11 +168,7 @@ func TestS3UnreachableIsReportedAndRetried(t *testing.T) {
 	src := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(data) }))
 	defer src.Close()
 	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: int64(len(data)), URL: src.URL + "/agent"})
-	port, err := pgtest.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down, err := blobstore.NewS3(blobstore.S3Config{Endpoint: "127.0.0.1:" + strconv.Itoa(port), Bucket: bucket, AccessKey: "k", SecretKey: "s", Region: s3test.Region})
+	down, err := blobstore.NewS3(blobstore.S3Config{Endpoint: testnet.DeadAddr(t), Bucket: bucket, AccessKey: "k", SecretKey: "s", Region: s3test.Region})
 	if err != nil {
 		t.Fatal(err)
 	}

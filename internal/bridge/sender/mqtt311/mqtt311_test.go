@@ -16,6 +16,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -255,13 +256,10 @@ func TestPropertiesExpiryAndWithdrawal(t *testing.T) {
 // A broker nobody answers at fails the queued messages with the reason,
 // so that the route's retry and dead-letter policy applies.
 func TestUnreachableBrokerFailsQueued(t *testing.T) {
-	addr, err := embroker.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr := testnet.DeadAddr(t)
 	s := mqtt311.New(mqtt311.Config{Broker: "tcp://" + addr, ClientID: "nobody", QoS: 1, ConnectTimeout: time.Second, Timeout: time.Second})
 	defer closeSender(t, s)
-	err = sendertest.Result(t, sendertest.Send(s, msg("x", 1)))
+	err := sendertest.Result(t, sendertest.Send(s, msg("x", 1)))
 	if err == nil || !strings.Contains(err.Error(), "not connected") {
 		t.Fatalf("got %v, want a not-connected failure", err)
 	}
