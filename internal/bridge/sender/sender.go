@@ -81,9 +81,8 @@ func (m *Message) Withdrawn() bool {
 // TenureCheck is Message.Withdrawn for a batch a sender is about to start:
 // it asks each tenure whether it is still valid once, not once per message
 // (a tenure check reads CLOCK_BOOTTIME, a system call where the vDSO
-// cannot). Use a fresh one
-// per batch, right before the batch's write, so that the check stays at
-// the point of action. Tenure values must be comparable (lease.Ownership
+// cannot). Use a fresh one per batch, right before the batch's write, so
+// that the check stays at the point of action. Tenure values must be comparable (lease.Ownership
 // is a pointer).
 type TenureCheck struct {
 	tenure fence.Tenure
