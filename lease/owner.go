@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,8 +50,12 @@ type Ownership struct {
 	m         *Manager
 	prevAlive time.Time
 
+	// mu orders the deadline's writers (extend, expire); deadline is
+	// read without it, so that Valid, checked at every point of action
+	// of the owner's work (three times per message an exclusive bridge
+	// session moves), never waits for the renewer.
 	mu       sync.Mutex
-	deadline time.Time
+	deadline atomic.Pointer[time.Time]
 	watchdog *time.Timer
 }
 
@@ -84,7 +89,8 @@ func (o *Ownership) ReportDependency(healthy bool) {
 
 func newOwnership(parent context.Context, tok Token, clock Clock, deadline time.Time) *Ownership {
 	ctx, cancel := context.WithCancelCause(parent)
-	o := &Ownership{token: tok, clock: clock, ctx: ctx, cancel: cancel, stopping: make(chan struct{}), deadline: deadline}
+	o := &Ownership{token: tok, clock: clock, ctx: ctx, cancel: cancel, stopping: make(chan struct{})}
+	o.deadline.Store(&deadline)
 	o.mu.Lock()
 	o.watchdog = time.AfterFunc(deadline.Sub(clock.Now()), o.expire)
 	o.mu.Unlock()
@@ -96,7 +102,7 @@ func newOwnership(parent context.Context, tok Token, clock Clock, deadline time.
 func (o *Ownership) expire() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if left := o.deadline.Sub(o.clock.Now()); left > 0 {
+	if left := o.deadline.Load().Sub(o.clock.Now()); left > 0 {
 		o.watchdog.Reset(left)
 		return
 	}
@@ -111,11 +117,11 @@ func (o *Ownership) extend(d time.Time) bool {
 	if o.ctx.Err() != nil {
 		return false
 	}
-	if !o.clock.Now().Before(o.deadline) {
+	if !o.clock.Now().Before(*o.deadline.Load()) {
 		o.cancel(ErrExpired)
 		return false
 	}
-	o.deadline = d
+	o.deadline.Store(&d)
 	o.watchdog.Reset(d.Sub(o.clock.Now()))
 	return true
 }
@@ -140,11 +146,7 @@ func (o *Ownership) Context() context.Context { return o.ctx }
 func (o *Ownership) Stopping() <-chan struct{} { return o.stopping }
 
 // Deadline is the current local deadline (a reading of the manager's Clock).
-func (o *Ownership) Deadline() time.Time {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.deadline
-}
+func (o *Ownership) Deadline() time.Time { return *o.deadline.Load() }
 
 // Valid reports whether the owner may act right now: the tenure has not
 // ended and the local deadline has not passed. Check it immediately before
@@ -153,7 +155,5 @@ func (o *Ownership) Valid() bool {
 	if o.ctx.Err() != nil {
 		return false
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.clock.Now().Before(o.deadline)
+	return o.clock.Now().Before(*o.deadline.Load())
 }

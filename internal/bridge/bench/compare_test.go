@@ -350,11 +350,14 @@ func BenchmarkCompare(b *testing.B) {
 func measureCPU(b *testing.B, pubURL, subURL, filter string, topics []string, pid, dpid int, ch *child) (r result, bridgeUS, destUS, syscalls, switches, allocs float64) {
 	var p0, d0 time.Duration
 	var sc0, sw0, m0 int64
+	var perf *perfStat
 	r = measureWith(b, pubURL, subURL, filter, topics, func() {
 		m0 = ch.mallocs()
 		p0, d0 = cpuTime(pid), cpuTime(dpid)
 		sc0, sw0 = procCounts(pid)
+		perf = startPerf(b, pid)
 	}, func() {
+		perf.stop(b, pid)
 		if pid != 0 {
 			bridgeUS = float64((cpuTime(pid) - p0).Microseconds()) / pacedN
 			sc, sw := procCounts(pid)
@@ -441,5 +444,52 @@ func BenchmarkProcs(b *testing.B) {
 				b.Errorf("%s: %d messages out of order", rw.name, rw.r.outOfOrder+rw.r.pacedOutOfOrd)
 			}
 		}
+	}
+}
+
+// perfStat is `perf stat` attached to a bridging process for the paced
+// phase: MYRIARCH_BENCH_PERF_EVENTS=raw_syscalls:sys_enter,syscalls:sys_enter_clock_gettime
+// make bench prints each event's count per paced message for every
+// bridging process (perf from linux-perf, with tracepoints readable),
+// which counts, for instance, all of a process's system calls where the
+// table's column counts only reads and writes.
+type perfStat struct {
+	cmd *exec.Cmd
+	out *strings.Builder
+}
+
+func startPerf(b *testing.B, pid int) *perfStat {
+	events := os.Getenv("MYRIARCH_BENCH_PERF_EVENTS")
+	if events == "" || pid == 0 {
+		return nil
+	}
+	out := &strings.Builder{}
+	cmd := exec.Command("perf", "stat", "-x", ",", "-e", events, "-p", strconv.Itoa(pid))
+	cmd.Stderr = out
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("MYRIARCH_BENCH_PERF_EVENTS: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // perf attaches before the phase starts
+	return &perfStat{cmd: cmd, out: out}
+}
+
+func (p *perfStat) stop(b *testing.B, pid int) {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	_ = p.cmd.Wait()
+	for _, l := range strings.Split(p.out.String(), "\n") {
+		// CSV: count,unit,event,...
+		f := strings.Split(l, ",")
+		if len(f) < 3 {
+			continue
+		}
+		n, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			b.Logf("perf on %d: %s", pid, l)
+			continue
+		}
+		fmt.Printf("perf, process %d: %s %.2f per paced message\n", pid, f[2], n/pacedN)
 	}
 }

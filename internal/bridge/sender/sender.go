@@ -80,9 +80,9 @@ func (m *Message) Withdrawn() bool {
 
 // TenureCheck is Message.Withdrawn for a batch a sender is about to start:
 // it asks each tenure whether it is still valid once, not once per message
-// (a tenure check reads CLOCK_BOOTTIME, a system call). Use a fresh one
-// per batch, right before the batch's write, so that the check stays at
-// the point of action. Tenure values must be comparable (lease.Ownership
+// (a tenure check reads CLOCK_BOOTTIME, a system call where the vDSO
+// cannot). Use a fresh one per batch, right before the batch's write, so
+// that the check stays at the point of action. Tenure values must be comparable (lease.Ownership
 // is a pointer).
 type TenureCheck struct {
 	tenure fence.Tenure
