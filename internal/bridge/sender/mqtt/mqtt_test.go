@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -177,15 +178,18 @@ func (h *denyHook) OnACLCheck(_ *mochi.Client, topic string, write bool) bool {
 // A PUBACK that refuses the message itself (not authorized) is a permanent
 // failure, and the connection goes on serving the next message.
 func TestRefusalIsPermanent(t *testing.T) {
-	addr, err := embroker.FreePort()
+	// The broker serves on a listener bound here: a port picked free and
+	// bound later could be taken by another test in between.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	addr := ln.Addr().String()
 	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), InlineClient: true})
 	if err := srv.AddHook(&denyHook{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "t", Address: addr})); err != nil {
+	if err := srv.AddListener(listeners.NewNet("t", ln)); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Serve(); err != nil {
