@@ -33,7 +33,7 @@ func (BootClock) Now() time.Time {
 	if !bootTimeVDSO(&ts) {
 		bootTimeSyscall(&ts)
 	}
-	return time.Unix(ts.Sec, ts.Nsec)
+	return time.Unix(ts.Unix())
 }
 
 // bootTimeSyscall reads CLOCK_BOOTTIME with the system call.

@@ -239,7 +239,8 @@ func Definitive(err error) bool {
 
 // Clock supplies monotonic readings. Only differences between readings of
 // one Clock are used; the wall part is written to rows for operators only.
-// Tests inject skewed clocks.
+// Tests inject skewed clocks. Implementations must be safe for concurrent
+// use: Ownership.Valid reads the clock without any lock.
 type Clock interface {
 	Now() time.Time
 }

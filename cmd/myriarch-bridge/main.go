@@ -17,8 +17,10 @@ func main() {
 		// GOMAXPROCS follows the bridge's CPU use (one P while it uses
 		// less than most of a core) unless the environment sets it; see
 		// package procs for why. The other commands (check, lab, ...) keep
-		// the runtime's default.
-		defer procs.Start()()
+		// the runtime's default. The controller runs until the process
+		// exits (commands.Main ends with os.Exit), so its stop function
+		// is not kept.
+		procs.Start()
 	}
 	commands.Main()
 }

@@ -141,6 +141,6 @@ func cpuTime() time.Duration {
 // Rule is the controller's rule in words, for the operator's manual
 // (docs/bridge.md quotes it; a test keeps the two equal).
 func Rule() string {
-	return fmt.Sprintf("`myriarch-bridge run` starts on one P (`GOMAXPROCS=1`) and doubles its Ps, up to the Go runtime's default (the CPU count or the container's CPU limit), once the process has used more than %.1f cores per P for %v; it halves them once it has used less than %.1f cores per P of the halved number for %v.",
+	return fmt.Sprintf("`myriarch-bridge run` starts on one P (`GOMAXPROCS=1`) and doubles its Ps, up to the Go runtime's default (the CPU count, or the container's CPU limit rounded up and at least 2), once the process has used more than %.1f cores per P for %v; it halves them once it has used less than %.1f cores per P of the halved number for %v.",
 		growAt, growAfter*interval, shrinkAt, shrinkAfter*interval)
 }
