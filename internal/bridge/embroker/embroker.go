@@ -12,7 +12,6 @@ import (
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 )
 
 // Broker is a running embedded broker.
@@ -52,24 +51,28 @@ type Options struct {
 
 // StartWith is Start with Options.
 func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) {
-	// addr "": the broker serves on a listener bound to a port the kernel
-	// picked, rather than on a port found free a moment earlier and bound
-	// again later, which another process (an outgoing connection's local
-	// port, another package's test) can take in between.
-	var ln net.Listener
+	// The broker serves on a listener bound here; for addr "" on a port
+	// the kernel picked, rather than on a port found free a moment earlier
+	// and bound again later, which another process (an outgoing
+	// connection's local port, another package's test) can take in
+	// between.
+	bind := addr
+	if bind == "" {
+		bind = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, fmt.Errorf("embedded broker on %s: %w", bind, err)
+	}
 	if addr == "" {
-		var err error
-		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			return nil, err
-		}
 		addr = ln.Addr().String()
-		if opts.TLS != nil {
-			ln = tls.NewListener(ln, opts.TLS)
-		}
+	}
+	if opts.TLS != nil {
+		ln = tls.NewListener(ln, opts.TLS)
 	}
 	started := false
 	defer func() {
-		if ln != nil && !started {
+		if !started {
 			_ = ln.Close()
 		}
 	}()
@@ -107,11 +110,7 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 	if err := s.AddHook(&connectionLog{log: logger.With("component", "embroker")}, nil); err != nil {
 		return nil, err
 	}
-	var l listeners.Listener = listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr, TLSConfig: opts.TLS})
-	if ln != nil {
-		l = listeners.NewNet("tcp", ln)
-	}
-	if err := s.AddListener(l); err != nil {
+	if err := s.AddListener(newListener("tcp", ln)); err != nil {
 		return nil, err
 	}
 	if err := s.Serve(); err != nil {

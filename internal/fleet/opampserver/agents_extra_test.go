@@ -17,6 +17,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 func openStore(t *testing.T) *store.Store {
@@ -93,12 +94,16 @@ func TestReconnectSendsNothingBeforeTheReportedHash(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
 	r1 := newRig(t, st, "replica-a", "n1")
-	addr := r1.srv.Addr().String()
+	// The agents know the address of a relay bound by the test: the
+	// restarted replica comes up on a fresh port behind it, where
+	// restarting on r1's released port could find it taken.
+	relay := testnet.NewRelay(t, r1.srv.Addr().String())
+	ws, url := "ws://"+relay.Addr()+"/v1/opamp", "http://"+relay.Addr()+"/v1/opamp"
 
-	failing := startAgent(t, fleettest.AgentOptions{URL: r1.ws, FailConfig: true})
-	healthy := startAgent(t, fleettest.AgentOptions{URL: r1.ws})
-	httpFailing := startAgent(t, fleettest.AgentOptions{URL: r1.url, HTTP: true, Heartbeat: 50 * time.Millisecond, FailConfig: true})
-	changed := startAgent(t, fleettest.AgentOptions{URL: r1.ws})
+	failing := startAgent(t, fleettest.AgentOptions{URL: ws, FailConfig: true})
+	healthy := startAgent(t, fleettest.AgentOptions{URL: ws})
+	httpFailing := startAgent(t, fleettest.AgentOptions{URL: url, HTTP: true, Heartbeat: 50 * time.Millisecond, FailConfig: true})
+	changed := startAgent(t, fleettest.AgentOptions{URL: ws})
 	all := []*fleettest.Agent{failing, healthy, httpFailing, changed}
 	for _, a := range all {
 		agentIs(t, st, a.UIDString(), func(a store.Agent) bool { return a.Status == "online" && a.Healthy != nil })
@@ -120,7 +125,8 @@ func TestReconnectSendsNothingBeforeTheReportedHash(t *testing.T) {
 		sentBefore[a.UIDString()] = countKind(eventsOf(t, r1, a.UIDString()), store.EventConfigSent)
 	}
 
-	// Restart the replica at the same address.
+	// Restart the replica behind the same address.
+	relay.SetTarget("")
 	r1.stop(t)
 	fctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
@@ -132,8 +138,9 @@ func TestReconnectSendsNothingBeforeTheReportedHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2 := newRigAt(t, st, "replica-a", "n2", addr)
+	r2 := newRig(t, st, "replica-a", "n2")
 	defer r2.stop(t)
+	relay.SetTarget(r2.srv.Addr().String())
 	for _, a := range all {
 		uid := a.UIDString()
 		if !fleettest.Eventually(60*time.Second, func() bool { return r2.srv.known(uid) }) {

@@ -36,19 +36,12 @@ type rig struct {
 
 func newRig(t *testing.T, st *store.Store, replica, nonce string) *rig {
 	t.Helper()
-	return newRigAt(t, st, replica, nonce, "127.0.0.1:0")
-}
-
-// newRigAt starts a server on addr: a restarted replica at the address
-// its agents know.
-func newRigAt(t *testing.T, st *store.Store, replica, nonce, addr string) *rig {
-	t.Helper()
 	b := lastseen.New(st, time.Hour, nil, nil)
 	srv := New(Options{Store: st, Batcher: b, ReplicaID: replica, Nonce: nonce, Secret: secret})
-	if err := srv.Start(addr, "/v1/opamp", nil); err != nil {
+	if err := srv.Start("127.0.0.1:0", "/v1/opamp", nil); err != nil {
 		t.Fatal(err)
 	}
-	addr = srv.Addr().String()
+	addr := srv.Addr().String()
 	return &rig{st: st, b: b, srv: srv, ws: "ws://" + addr + "/v1/opamp", url: "http://" + addr + "/v1/opamp"}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -94,12 +94,10 @@ func TestErrorClassification(t *testing.T) {
 	}
 
 	// Nobody listens: a transport error, retried.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	// An address that refuses for the whole test: a port released by a
+	// listener could be taken by another test's server meanwhile (whose
+	// answer, a 404, would be a permanent failure).
+	addr := testnet.DeadAddr(t)
 	s := httpsender.New(httpsender.Config{URL: "http://" + addr + "/", Timeout: 5 * time.Second})
 	defer closeSender(t, s)
 	if err := result(t, send(s, "t", "x")); err == nil || sender.IsPermanent(err) {

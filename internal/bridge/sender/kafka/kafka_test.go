@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -108,12 +108,9 @@ func TestProduceClassifyClose(t *testing.T) {
 
 // With no broker reachable, a record fails after the timeout, retryably.
 func TestUnreachableTimesOut(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	// An address that refuses for the whole test: a port released by a
+	// listener could be taken by another test's server meanwhile.
+	addr := testnet.DeadAddr(t)
 	s, err := kafkasender.Dial(kafkasender.Config{Brokers: []string{addr}, Topic: "mqtt", Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

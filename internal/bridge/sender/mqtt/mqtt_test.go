@@ -24,6 +24,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -57,7 +58,10 @@ func TestOrderLossAndReconnect(t *testing.T) {
 	if err := sub.Subscribe(context.Background(), "o/#", 1); err != nil {
 		t.Fatal(err)
 	}
-	s := mqttsender.New(mqttsender.Config{Broker: b.URL, ClientID: "snd", QoS: 1, KeepAlive: time.Second, ConnectTimeout: time.Second, Timeout: 2 * time.Second})
+	// The sender dials a relay bound by the test, so that the broker can
+	// come back on a fresh port that no other test can have taken.
+	r := testnet.NewRelay(t, b.Addr)
+	s := mqttsender.New(mqttsender.Config{Broker: "tcp://" + r.Addr(), ClientID: "snd", QoS: 1, KeepAlive: time.Second, ConnectTimeout: time.Second, Timeout: 2 * time.Second})
 	var chans []chan error
 	for i := range 500 {
 		chans = append(chans, send(s, "o/x", fmt.Sprint(i)))
@@ -67,12 +71,14 @@ func TestOrderLossAndReconnect(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sendertest.Eventually(20*time.Second, func() bool {
+	if !sendertest.Eventually(20*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		n := len(got)
-		return n == 500
-	})
+		return len(got) == 500
+	}) {
+		mu.Lock()
+		t.Fatalf("the subscriber got %d of 500", len(got))
+	}
 	mu.Lock()
 	for i, p := range got {
 		if p != fmt.Sprint(i) {
@@ -82,18 +88,19 @@ func TestOrderLossAndReconnect(t *testing.T) {
 	mu.Unlock()
 	sub.Close()
 
-	addr := b.Addr
+	r.SetTarget("")
 	_ = b.Close()
 	// With the broker gone, a send fails (connection lost or not
 	// acknowledged in time) instead of hanging.
 	if err := wait(t, send(s, "o/x", "lost")); err == nil {
 		t.Fatal("a send without a broker succeeded")
 	}
-	b2, err := embroker.Start(addr, nil)
+	b2, err := embroker.Start("", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b2.Close()
+	r.SetTarget(b2.Addr)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		err := wait(t, send(s, "o/x", "again"))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -110,9 +111,12 @@ func TestServiceLevelFollowsBrokerPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The client dials a relay bound by the test; the restarted broker
+	// gets a fresh port behind it.
+	r := testnet.NewRelay(t, b.Addr)
 	var mu sync.Mutex
 	var levels []mqtt.Level
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{b.URL}, ClientID: "lv", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
+	s, err := mqtt.New(mqtt.Config{Brokers: []string{"tcp://" + r.Addr()}, ClientID: "lv", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
 		ConnectTimeout: time.Second, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second,
 		Subscriptions: []mqtt.Subscription{{Filter: "a/#", QoS: 1}},
 		Handler:       func(_ *mqtt.Message, ack func()) { ack() },
@@ -128,13 +132,15 @@ func TestServiceLevelFollowsBrokerPath(t *testing.T) {
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
 	waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+	r.SetTarget("")
 	_ = b.Close()
 	waitFor(t, "none", func() bool { return s.Level() == mqtt.LevelNone })
-	b2, err := embroker.Start(b.Addr, nil)
+	b2, err := embroker.Start("", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b2.Close()
+	r.SetTarget(b2.Addr)
 	waitFor(t, "full again", func() bool { return s.Level() == mqtt.LevelFull })
 	cancel()
 	<-ran
