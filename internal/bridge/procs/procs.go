@@ -12,8 +12,8 @@
 // like mosquitto's one epoll loop. On the benchmark machine (make bench)
 // one P cut the bridge's CPU per message by about a third at 5,000 msg/s.
 // One P would cap a busy bridge at one core, so the controller adds Ps as
-// soon as the process keeps its Ps busy and returns to one when the load
-// falls.
+// soon as the process keeps its Ps busy, or its goroutines wait for a P,
+// and returns to one when the load falls.
 //
 // An explicit GOMAXPROCS in the environment is respected: the controller
 // then does nothing. The maximum is the runtime's default at start; setting
@@ -23,8 +23,10 @@ package procs
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"syscall"
 	"time"
 )
@@ -32,14 +34,33 @@ import (
 // Thresholds of the controller, in cores of process CPU time (user and
 // system) per P, sampled every interval:
 //
-//   - grow: above growAt of the current Ps for growAfter intervals in a
-//     row (a second), the Ps double (up to the maximum). With one P, 0.8:
-//     the process is nearly a core busy and work starts waiting for the
-//     P. A shorter burst is absorbed by the in-flight windows.
-//   - shrink: below shrinkAt of half the current Ps for shrinkAfter
-//     intervals in a row (1.5 s), the Ps halve. With two Ps, under 0.4
-//     cores: well inside one P, with hysteresis against the grow
-//     threshold so that a steady load does not flip between the two.
+//   - grow: above growAt of the current Ps, or a 99th percentile of the
+//     interval's scheduling latency (the time goroutines waited in a run
+//     queue before they ran) above latencyAt, for growAfter intervals in
+//     a row (a second), the Ps double (up to the maximum). With one P,
+//     0.8: the process is nearly a core busy and work starts waiting for
+//     the P. A shorter burst is absorbed by the in-flight windows.
+//   - shrink: below shrinkAt of half the current Ps, and the scheduling
+//     latency not above latencyAt, for shrinkAfter intervals in a row
+//     (1.5 s), the Ps halve. With two Ps, under 0.4 cores: well inside
+//     one P, with hysteresis against the grow threshold so that a steady
+//     load does not flip between the two.
+//
+// Why the latency as well: CPU time alone left a bridge at 0.6–0.8 cores
+// on one P indefinitely, at 60–80 % utilisation, where run-queue waits
+// are longest; the lease renew loop and its response wait behind the
+// local run queue (timer lateness at one P on a loaded host: 36–138 ms,
+// 686 ms beside 32 CPU-bound goroutines). At the minimum lease TTL of 5 s
+// the renewal runs about every 0.55 s with a 1 s call timeout, so waits
+// of a few hundred ms cost a renewal. latencyAt is 5 ms: 1 % of the
+// renewal cadence and 0.5 % of its timeout, so the Ps grow while the
+// queue is still far from the waits that fail a renewal, yet a P with
+// room does not reach it (measured at one P on the 2-core development
+// machine at load 2: p99 0–2 µs per interval idle or at 2,000 wake-ups
+// a second; docs/bridge.md has the numbers).
+// The 99th percentile rather than the maximum, so that one stall (the
+// host descheduling the thread once) in an interval is not enough; and
+// two intervals in a row, as for the CPU.
 //
 // A change of GOMAXPROCS stops the world for a moment (tens of µs), so a
 // change every second or two costs nothing measurable.
@@ -49,7 +70,12 @@ const (
 	growAfter   = 2
 	shrinkAt    = 0.4
 	shrinkAfter = 3
+	latencyAt   = 5 * time.Millisecond
 )
+
+// schedLatencies is the runtime's cumulative histogram of the time
+// goroutines spent runnable before they ran.
+const schedLatencies = "/sched/latencies:seconds"
 
 // Start sizes GOMAXPROCS for a bridge process unless the GOMAXPROCS
 // environment variable is set: it sets one P and runs the controller
@@ -60,10 +86,13 @@ func Start() (stop func()) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return func() {}
 	}
-	return start(runtime.GOMAXPROCS(0), interval, cpuTime)
+	return start(runtime.GOMAXPROCS(0), interval, cpuTime, schedHist)
 }
 
-func start(maxProcs int, every time.Duration, cpu func() time.Duration) (stop func()) {
+// start runs the controller with the clocks it samples passed in, so that
+// tests can drive it: cpu is the process's CPU time so far, sched a
+// cumulative histogram of scheduling latencies (each call a new one).
+func start(maxProcs int, every time.Duration, cpu func() time.Duration, sched func() *metrics.Float64Histogram) (stop func()) {
 	before := runtime.GOMAXPROCS(1)
 	if maxProcs <= 1 {
 		return func() { runtime.GOMAXPROCS(before) }
@@ -71,7 +100,7 @@ func start(maxProcs int, every time.Duration, cpu func() time.Duration) (stop fu
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		run(maxProcs, every, cpu, quit)
+		run(maxProcs, every, cpu, sched, quit)
 	}()
 	return func() {
 		close(quit)
@@ -80,12 +109,12 @@ func start(maxProcs int, every time.Duration, cpu func() time.Duration) (stop fu
 	}
 }
 
-// run samples the process's CPU time every interval and resizes
-// GOMAXPROCS by next until quit closes.
-func run(maxProcs int, every time.Duration, cpu func() time.Duration, quit <-chan struct{}) {
+// run samples the process's CPU time and scheduling latencies every
+// interval and resizes GOMAXPROCS by next until quit closes.
+func run(maxProcs int, every time.Duration, cpu func() time.Duration, sched func() *metrics.Float64Histogram, quit <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	last, lastAt := cpu(), time.Now()
+	last, lastAt, lastSched := cpu(), time.Now(), sched()
 	var st state
 	for {
 		select {
@@ -96,8 +125,11 @@ func run(maxProcs int, every time.Duration, cpu func() time.Duration, quit <-cha
 		now, at := cpu(), time.Now()
 		busy := float64(now-last) / float64(at.Sub(lastAt))
 		last, lastAt = now, at
+		cur := sched()
+		latency := p99(lastSched, cur)
+		lastSched = cur
 		p := runtime.GOMAXPROCS(0)
-		if np := st.next(p, maxProcs, busy); np != p {
+		if np := st.next(p, maxProcs, busy, latency); np != p {
 			runtime.GOMAXPROCS(np)
 		}
 	}
@@ -108,16 +140,19 @@ func run(maxProcs int, every time.Duration, cpu func() time.Duration, quit <-cha
 type state struct{ high, low int }
 
 // next is the controller's decision for p Ps (at most maxProcs) after an
-// interval in which the process used busy cores: the new number of Ps.
-func (s *state) next(p, maxProcs int, busy float64) int {
+// interval in which the process used busy cores and the 99th percentile
+// of its goroutines' scheduling latency was latency: the new number of
+// Ps.
+func (s *state) next(p, maxProcs int, busy float64, latency time.Duration) int {
+	waiting := latency > latencyAt
 	switch {
-	case busy > growAt*float64(p) && p < maxProcs:
+	case (busy > growAt*float64(p) || waiting) && p < maxProcs:
 		s.low = 0
 		if s.high++; s.high >= growAfter {
 			s.high = 0
 			return min(2*p, maxProcs)
 		}
-	case p > 1 && busy < shrinkAt*float64(p/2):
+	case p > 1 && busy < shrinkAt*float64(p/2) && !waiting:
 		s.high = 0
 		if s.low++; s.low >= shrinkAfter {
 			s.low = 0
@@ -138,9 +173,63 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// schedHist reads the runtime's cumulative scheduling-latency histogram
+// into a new value (Read reuses a sample's storage, and run keeps the
+// previous one to diff against).
+func schedHist() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: schedLatencies}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil // unknown to this runtime: no latency signal
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// p99 is the 99th percentile of the latencies counted in cur and not yet
+// in prev (two samples of the same cumulative histogram), or 0 if there
+// are none. It is the lower bound of the bucket that holds the
+// percentile, so it never overstates the latency (the runtime's buckets
+// are a few percent wide at milliseconds).
+func p99(prev, cur *metrics.Float64Histogram) time.Duration {
+	if cur == nil || (prev != nil && len(prev.Counts) != len(cur.Counts)) {
+		return 0
+	}
+	diff := make([]uint64, len(cur.Counts))
+	var total uint64
+	for i, c := range cur.Counts {
+		if prev != nil {
+			if c < prev.Counts[i] {
+				return 0 // not the same histogram
+			}
+			c -= prev.Counts[i]
+		}
+		diff[i] = c
+		total += c
+	}
+	if total == 0 {
+		return 0
+	}
+	// The smallest latency with at least 99 % of the events at or below it.
+	rank := (total*99 + 99) / 100
+	var seen uint64
+	for i, c := range diff {
+		if seen += c; seen >= rank {
+			lo := cur.Buckets[i]
+			if math.IsInf(lo, -1) || lo < 0 {
+				return 0
+			}
+			if math.IsInf(lo, 1) || lo > float64(math.MaxInt64)/1e9 {
+				return math.MaxInt64
+			}
+			return time.Duration(lo * 1e9)
+		}
+	}
+	return 0
+}
+
 // Rule is the controller's rule in words, for the operator's manual
 // (docs/bridge.md quotes it; a test keeps the two equal).
 func Rule() string {
-	return fmt.Sprintf("`myriarch-bridge run` starts on one P (`GOMAXPROCS=1`) and doubles its Ps, up to the Go runtime's default (the CPU count, or the container's CPU limit rounded up and at least 2), once the process has used more than %.1f cores per P for %v; it halves them once it has used less than %.1f cores per P of the halved number for %v.",
-		growAt, growAfter*interval, shrinkAt, shrinkAfter*interval)
+	return fmt.Sprintf("`myriarch-bridge run` starts on one P (`GOMAXPROCS=1`) and doubles its Ps, up to the Go runtime's default (the CPU count, or the container's CPU limit rounded up and at least 2), once for %v (each of %d samples %v apart) the process has used more than %.1f cores per P or the 99th percentile of the time its goroutines waited to run (the Go runtime's `/sched/latencies:seconds`) has been above %v; it halves them once for %v it has used less than %.1f cores per P of the halved number with that percentile not above %v.",
+		growAfter*interval, growAfter, interval, growAt, latencyAt, shrinkAfter*interval, shrinkAt, latencyAt)
 }
