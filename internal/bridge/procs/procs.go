@@ -71,6 +71,11 @@ const (
 	shrinkAt    = 0.4
 	shrinkAfter = 3
 	latencyAt   = 5 * time.Millisecond
+	// holdAfterWait intervals (30 s) pass after a growth that waiting
+	// goroutines caused before the Ps may halve again: at the lower
+	// count they would wait again, and without the hold the controller
+	// would flip between the two counts every few seconds.
+	holdAfterWait = 60
 )
 
 // schedLatencies is the runtime's cumulative histogram of the time
@@ -137,7 +142,11 @@ func run(maxProcs int, every time.Duration, cpu func() time.Duration, sched func
 
 // state counts the intervals in a row above the grow threshold and below
 // the shrink threshold.
-type state struct{ high, low int }
+type state struct {
+	high, low int
+	waited    bool // an interval of the current high run had goroutines waiting
+	hold      int  // intervals left before the Ps may halve
+}
 
 // next is the controller's decision for p Ps (at most maxProcs) after an
 // interval in which the process used busy cores and the 99th percentile
@@ -145,21 +154,30 @@ type state struct{ high, low int }
 // Ps.
 func (s *state) next(p, maxProcs int, busy float64, latency time.Duration) int {
 	waiting := latency > latencyAt
+	if s.hold > 0 {
+		s.hold--
+	}
 	switch {
 	case (busy > growAt*float64(p) || waiting) && p < maxProcs:
 		s.low = 0
+		if waiting {
+			s.waited = true
+		}
 		if s.high++; s.high >= growAfter {
-			s.high = 0
+			if s.waited {
+				s.hold = holdAfterWait
+			}
+			s.high, s.waited = 0, false
 			return min(2*p, maxProcs)
 		}
-	case p > 1 && busy < shrinkAt*float64(p/2) && !waiting:
-		s.high = 0
+	case p > 1 && busy < shrinkAt*float64(p/2) && !waiting && s.hold == 0:
+		s.high, s.waited = 0, false
 		if s.low++; s.low >= shrinkAfter {
 			s.low = 0
 			return max(1, p/2)
 		}
 	default:
-		s.high, s.low = 0, 0
+		s.high, s.low, s.waited = 0, 0, false
 	}
 	return p
 }
@@ -230,6 +248,6 @@ func p99(prev, cur *metrics.Float64Histogram) time.Duration {
 // Rule is the controller's rule in words, for the operator's manual
 // (docs/bridge.md quotes it; a test keeps the two equal).
 func Rule() string {
-	return fmt.Sprintf("`myriarch-bridge run` starts on one P (`GOMAXPROCS=1`) and doubles its Ps, up to the Go runtime's default (the CPU count, or the container's CPU limit rounded up and at least 2), once for %v (each of %d samples %v apart) the process has used more than %.1f cores per P or the 99th percentile of the time its goroutines waited to run (the Go runtime's `/sched/latencies:seconds`) has been above %v; it halves them once for %v it has used less than %.1f cores per P of the halved number with that percentile not above %v.",
-		growAfter*interval, growAfter, interval, growAt, latencyAt, shrinkAfter*interval, shrinkAt, latencyAt)
+	return fmt.Sprintf("`myriarch-bridge run` starts on one P (`GOMAXPROCS=1`) and doubles its Ps, up to the Go runtime's default (the CPU count, or the container's CPU limit rounded up and at least 2), once for %v (each of %d samples %v apart) the process has used more than %.1f cores per P or the 99th percentile of the time its goroutines waited to run (the Go runtime's `/sched/latencies:seconds`) has been above %v; it halves them once for %v it has used less than %.1f cores per P of the halved number with that percentile not above %v, and, after a growth that waiting goroutines caused, not before %v.",
+		growAfter*interval, growAfter, interval, growAt, latencyAt, shrinkAfter*interval, shrinkAt, latencyAt, holdAfterWait*interval)
 }

@@ -45,6 +45,9 @@ func TestNext(t *testing.T) {
 		{"waiting at the maximum stays", 4, 4, []float64{0.1, 0.1, 0.1}, []time.Duration{9 * ms, 9 * ms, 9 * ms}, 4},
 		{"no shrinking while goroutines wait", 2, 4, []float64{0.1, 0.1, 0.1, 0.1}, []time.Duration{0, 0, 9 * ms, 0}, 2},
 		{"waiting at the maximum resets the shrink count", 2, 2, []float64{0.1, 0.1, 0.1, 0.1, 0.1}, []time.Duration{0, 0, 9 * ms, 0, 0}, 2},
+		{"after growing for waiting, idle does not halve within the hold", 1, 4, append([]float64{0.1, 0.1}, repeat(0.1, holdAfterWait-1)...), append([]time.Duration{9 * ms, 9 * ms}, make([]time.Duration, holdAfterWait-1)...), 2},
+		{"after growing for waiting, idle halves once the hold is over", 1, 4, append([]float64{0.1, 0.1}, repeat(0.1, holdAfterWait+shrinkAfter)...), append([]time.Duration{9 * ms, 9 * ms}, make([]time.Duration, holdAfterWait+shrinkAfter)...), 1},
+		{"after growing for CPU alone, idle halves without a hold", 1, 4, []float64{0.9, 0.9, 0.1, 0.1, 0.1}, nil, 1},
 		{"idle without waiting then halves", 2, 2, []float64{0.1, 0.1, 0.1, 0.1, 0.1, 0.1}, []time.Duration{0, 0, 9 * ms, 0, 0, 0}, 1},
 	} {
 		var st state
@@ -271,4 +274,13 @@ func TestDocs(t *testing.T) {
 	if !strings.Contains(strings.Join(strings.Fields(string(raw)), " "), Rule()) {
 		t.Errorf("docs/bridge.md does not state the GOMAXPROCS rule as the code runs it; it should say:\n%s", Rule())
 	}
+}
+
+// repeat is n copies of v.
+func repeat(v float64, n int) []float64 {
+	r := make([]float64, n)
+	for i := range r {
+		r[i] = v
+	}
+	return r
 }
