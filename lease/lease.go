@@ -52,17 +52,19 @@
 // [MaxClockRateError] (2.5 %) from real time, in either direction;
 // NTP-disciplined clocks are off by parts per million, and NTP slews at most
 // 0.05 %. The owner stops acting at its local deadline, which gives up
-// [DeadlineMargin] (5 %) of the TTL:
+// [DeadlineMargin] (6 %) of the TTL:
 //
-//	local deadline = pre-call time + TTL × (1 − 5 %)   (owner's monotonic clock)
+//	local deadline = pre-call time + TTL × (1 − 6 %)   (owner's monotonic clock)
 //
 // With the owner's clock 2.5 % slow and a standby's 2.5 % fast, the owner's
-// deadline falls at most 0.95/0.975 ≈ 0.9744·TTL of real time after its
+// deadline falls at most 0.94/0.975 ≈ 0.9641·TTL of real time after its
 // renew was sent, and the earliest takeover at least 1/1.025 ≈ 0.9756·TTL
-// after it, so the owner always stops first. Wall clock
+// after it, so the owner always stops first, with more than [ActAllowance]
+// (1 % of the TTL) to spare for the time between a validity check and the
+// action it guards. Wall clock
 // offsets (any size) play no part. The store's required wait stays the TTL
 // itself, so the owner-death budget formula is unchanged; only the owner
-// gives up 5 % of its lease. On Linux the owner's deadline runs on
+// gives up 6 % of its lease. On Linux the owner's deadline runs on
 // [BootClock] (CLOCK_BOOTTIME), which counts host suspend; standbys measure
 // on the monotonic clock, which does not, so a suspend only ever delays a
 // takeover or ends a tenure early.
@@ -79,10 +81,18 @@ import (
 // from real time that the lease protocol tolerates, in either direction.
 const MaxClockRateError = 0.025
 
+// ActAllowance is the share of the TTL left, even with both clocks at
+// MaxClockRateError, between the owner's latest stop and a standby's
+// earliest takeover: room for the time from a validity check to the action
+// it guards (an encode and a write, or a goroutine descheduled right there
+// on a saturated CPU): 450 ms at a 45 s TTL, 50 ms at the 5 s minimum.
+const ActAllowance = 0.01
+
 // DeadlineMargin is the share of the TTL an owner gives up: its local
 // deadline is the pre-call time of its last successful Acquire or Renew plus
-// TTL·(1 − DeadlineMargin). It is at least 2·MaxClockRateError.
-const DeadlineMargin = 0.05
+// TTL·(1 − DeadlineMargin). 2·MaxClockRateError covers clock rates,
+// ActAllowance the check-to-act time.
+const DeadlineMargin = 2*MaxClockRateError + ActAllowance
 
 // LocalDeadline returns the owner's local deadline for a grant or renew of
 // ttl whose call was sent at preCall (a monotonic reading).
