@@ -35,11 +35,25 @@ type offerDropper struct {
 
 func (d *offerDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.polls.Add(1)
-	body, _ := io.ReadAll(r.Body)
 	target := d.target
 	if d.dropped.Load() {
 		target = d.after
 	}
+	forwardPoll(w, r, target, func() bool {
+		if d.dropped.CompareAndSwap(false, true) {
+			return true
+		}
+		d.offers.Add(1)
+		return false
+	})
+}
+
+// forwardPoll forwards one plain-HTTP OpAMP poll to target and writes the
+// reply back; when the reply carries a package offer it asks offer, and
+// closes the connection instead of replying if offer returns true (the
+// reply is lost on the way).
+func forwardPoll(w http.ResponseWriter, r *http.Request, target string, offer func() (lose bool)) {
+	body, _ := io.ReadAll(r.Body)
 	req, _ := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.Path, bytes.NewReader(body))
 	req.Header = r.Header.Clone()
 	resp, err := http.DefaultTransport.RoundTrip(req)
@@ -56,14 +70,11 @@ func (d *offerDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var msg protobufs.ServerToAgent
-	if proto.Unmarshal(plain, &msg) == nil && msg.PackagesAvailable != nil {
-		if d.dropped.CompareAndSwap(false, true) {
-			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				conn.Close()
-			}
-			return
+	if proto.Unmarshal(plain, &msg) == nil && msg.PackagesAvailable != nil && offer() {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
 		}
-		d.offers.Add(1)
+		return
 	}
 	for k, v := range resp.Header {
 		w.Header()[k] = v
@@ -139,31 +150,7 @@ type switchProxy struct {
 }
 
 func (p *switchProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	req, _ := http.NewRequestWithContext(r.Context(), r.Method, *p.target.Load()+r.URL.Path, bytes.NewReader(body))
-	req.Header = r.Header.Clone()
-	resp, err := http.DefaultTransport.RoundTrip(req)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	plain := out
-	if resp.Header.Get("Content-Encoding") == "gzip" {
-		if zr, err := gzip.NewReader(bytes.NewReader(out)); err == nil {
-			plain, _ = io.ReadAll(zr)
-		}
-	}
-	var msg protobufs.ServerToAgent
-	if proto.Unmarshal(plain, &msg) == nil && msg.PackagesAvailable != nil {
-		p.offers.Add(1)
-	}
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(out)
+	forwardPoll(w, r, *p.target.Load(), func() bool { p.offers.Add(1); return false })
 }
 
 // A plain-HTTP agent that reported a failed install of hash H (its
