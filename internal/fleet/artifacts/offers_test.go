@@ -13,6 +13,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
+	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // An agent that does not declare AcceptsPackages is not offered anything:
@@ -53,20 +54,7 @@ func TestOfferAcknowledgementAndResendCondition(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
 	const uid = "0190a1b2-0000-4000-8000-0000000000d1"
-	caps := int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages | protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses)
-	if _, err := st.Pool.Exec(ctx, `INSERT INTO agents (instance_uid, attrs, capabilities) VALUES ($1, '{"os.type":"linux","host.arch":"amd64"}', $2)`, uid, caps); err != nil {
-		t.Fatal(err)
-	}
-	data := []byte("otelcol build")
-	release(t, st.Pool, "otelcol", "v1.0.0", releases.Asset{Name: "otelcol.tgz", Digest: digestOf(data), Size: int64(len(data)), URL: "http://127.0.0.1:9/x"})
-	if _, err := st.Pool.Exec(ctx, `INSERT INTO artifact_blobs (digest, size, term) VALUES ($1, $2, 1)`, digestOf(data), len(data)); err != nil {
-		t.Fatal(err)
-	}
-	offered, err := artifacts.OfferVersion(ctx, st.Pool, "otelcol", "v1.0.0", []string{uid}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := artifacts.OfferSource{Pool: st.Pool, BaseURL: func() string { return "http://replica" }}
+	offered, src := offerToAgent(t, st, uid, []byte("otelcol build"))
 	pending := func() opampserver.PendingPackages {
 		t.Helper()
 		p, err := src.Pending(ctx, []string{uid})
@@ -124,20 +112,7 @@ func TestReofferOfTheSameHashIsNotAcknowledgedUntilSent(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
 	const uid = "0190a1b2-0000-4000-8000-0000000000d2"
-	caps := int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages | protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses)
-	if _, err := st.Pool.Exec(ctx, `INSERT INTO agents (instance_uid, attrs, capabilities) VALUES ($1, '{"os.type":"linux","host.arch":"amd64"}', $2)`, uid, caps); err != nil {
-		t.Fatal(err)
-	}
-	data := []byte("otelcol build 2")
-	release(t, st.Pool, "otelcol", "v1.0.0", releases.Asset{Name: "otelcol.tgz", Digest: digestOf(data), Size: int64(len(data)), URL: "http://127.0.0.1:9/x"})
-	if _, err := st.Pool.Exec(ctx, `INSERT INTO artifact_blobs (digest, size, term) VALUES ($1, $2, 1)`, digestOf(data), len(data)); err != nil {
-		t.Fatal(err)
-	}
-	offered, err := artifacts.OfferVersion(ctx, st.Pool, "otelcol", "v1.0.0", []string{uid}, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := artifacts.OfferSource{Pool: st.Pool, BaseURL: func() string { return "http://replica" }}
+	offered, src := offerToAgent(t, st, uid, []byte("otelcol build 2"))
 	if err := src.Sent(ctx, uid, opampserver.HTTPConnID); err != nil {
 		t.Fatal(err)
 	}
@@ -162,4 +137,26 @@ func TestReofferOfTheSameHashIsNotAcknowledgedUntilSent(t *testing.T) {
 	if p, err = src.Pending(ctx, []string{uid}); err != nil || !p[uid].Acked {
 		t.Fatalf("sent, with a status naming its hash: %+v (%v), want acknowledged", p[uid], err)
 	}
+}
+
+// offerToAgent registers an agent uid that accepts packages and reports
+// their statuses, a release of otelcol v1.0.0 whose blob (data) is stored,
+// and offers that version to the agent; it returns the offer and an
+// OfferSource on the store.
+func offerToAgent(t *testing.T, st *store.Store, uid string, data []byte) ([]artifacts.Offer, artifacts.OfferSource) {
+	t.Helper()
+	ctx := context.Background()
+	caps := int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages | protobufs.AgentCapabilities_AgentCapabilities_ReportsPackageStatuses)
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO agents (instance_uid, attrs, capabilities) VALUES ($1, '{"os.type":"linux","host.arch":"amd64"}', $2)`, uid, caps); err != nil {
+		t.Fatal(err)
+	}
+	release(t, st.Pool, "otelcol", "v1.0.0", releases.Asset{Name: "otelcol.tgz", Digest: digestOf(data), Size: int64(len(data)), URL: "http://127.0.0.1:9/x"})
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO artifact_blobs (digest, size, term) VALUES ($1, $2, 1)`, digestOf(data), len(data)); err != nil {
+		t.Fatal(err)
+	}
+	offered, err := artifacts.OfferVersion(ctx, st.Pool, "otelcol", "v1.0.0", []string{uid}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return offered, artifacts.OfferSource{Pool: st.Pool, BaseURL: func() string { return "http://replica" }}
 }
