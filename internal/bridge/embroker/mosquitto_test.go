@@ -1,11 +1,11 @@
 package embroker
 
 import (
-	"fmt"
 	"net"
 	"sync/atomic"
-	"syscall"
 	"testing"
+
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 // A port taken between the pick and mosquitto's bind costs a retry on
@@ -13,19 +13,7 @@ import (
 // holds the way an outgoing connection's local port is held: bound, not
 // listening (so a dial there is refused, as it would be).
 func TestMosquittoRetriesATakenPort(t *testing.T) {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fd)
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	held := testnet.DeadAddr(t)
 	var picks atomic.Int32
 	pickPort = func() (string, error) {
 		if picks.Add(1) == 1 {

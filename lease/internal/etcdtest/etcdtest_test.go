@@ -2,11 +2,11 @@ package etcdtest
 
 import (
 	"context"
-	"fmt"
 	"net/url"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/myriarch/myriarch/internal/testnet"
 )
 
 // A port taken between the pick and etcd's bind costs a start on other
@@ -14,19 +14,7 @@ import (
 // the way an outgoing connection's local port is held: bound, not
 // listening.
 func TestStartRetriesATakenPort(t *testing.T) {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fd)
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)}
+	held := url.URL{Scheme: "http", Host: testnet.DeadAddr(t)}
 	picks := 0
 	pickURL = func(t testing.TB) url.URL {
 		if picks++; picks == 1 {
