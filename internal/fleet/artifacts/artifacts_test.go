@@ -66,6 +66,19 @@ func leader(t *testing.T) env {
 	return env{st, el, term, stopElector}
 }
 
+// nextTerm ends the current leader's election and elects a new leader,
+// whose term is newer: the leadership of a failover.
+func (e env) nextTerm(t *testing.T) *pgleader.Leadership {
+	t.Helper()
+	e.stopElector()
+	cur, stop, err := fleettest.Elect(e.st.Pool, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return cur
+}
+
 func (e env) prefetcher(keep int) *artifacts.Prefetcher {
 	return e.prefetcherWith(artifacts.Options{Keep: keep})
 }
@@ -437,12 +450,7 @@ func TestPrefetchOfAnOldTermIsRefusedWhileANewerTermLeads(t *testing.T) {
 	defer src.Close()
 	release(t, e.st.Pool, "agent", "v1.0.0", releases.Asset{Name: "agent", Digest: digestOf(data), Size: -1, URL: src.URL + "/agent"})
 	old := e.el
-	e.stopElector()
-	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopCur()
+	cur := e.nextTerm(t)
 	if err := e.prefetcher(3).Run(ctx, old.InTerm); !errors.Is(err, pgleader.ErrStaleTerm) {
 		t.Fatalf("want a stale-term error, got %v", err)
 	}

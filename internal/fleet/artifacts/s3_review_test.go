@@ -17,7 +17,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore/s3test"
-	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 )
 
@@ -129,12 +128,7 @@ func TestS3StaleLeaderCompletingTheSharedUploadKeepsTheRegisteredObject(t *testi
 	case <-time.After(60 * time.Second):
 		t.Fatal("the old leader never completed its upload")
 	}
-	e.stopElector()
-	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopCur()
+	cur := e.nextTerm(t)
 	if err := e.prefetcherWith(opts).Run(ctx, cur.InTerm); err != nil {
 		t.Fatal(err)
 	}
@@ -262,12 +256,7 @@ func TestS3StaleClaimerDoesNotAbortTheUploadANewerTermContinues(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the old claimer never listed the parts")
 	}
-	e.stopElector()
-	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopCur()
+	cur := e.nextTerm(t)
 	// The newer term claims the download and keeps the upload (its source
 	// fails for now).
 	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusBadGateway) }))

@@ -282,12 +282,7 @@ func TestS3UploadInterruptedByLossOfLeadershipResumesUnderANewerTerm(t *testing.
 	}
 
 	old := e.el
-	e.stopElector()
-	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopCur()
+	cur := e.nextTerm(t)
 	if err := e.prefetcherWith(opts).Run(ctx, old.InTerm); !errors.Is(err, pgleader.ErrStaleTerm) {
 		t.Fatalf("a run of the old term: want a stale-term error, got %v", err)
 	}
@@ -473,12 +468,7 @@ func TestS3StaleLeaderThatKeepsRunningCannotTouchTheUploadTakenOver(t *testing.T
 	}) {
 		t.Fatal("no part recorded")
 	}
-	e.stopElector()
-	cur, stopCur, err := fleettest.Elect(e.st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopCur()
+	cur := e.nextTerm(t)
 	if err := e.prefetcherWith(opts).Run(ctx, cur.InTerm); err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,8 @@ import (
 	"compress/gzip"
 	"encoding/hex"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -95,17 +95,12 @@ func TestLostOfferToPlainHTTPAgentIsSentAgainUntilAcknowledged(t *testing.T) {
 	// (startSoftwareEnv): the re-send must be replica-a's for the install
 	// to succeed.
 	drop := &offerDropper{target: "http://" + e.b.OpAMPAddr().String(), after: "http://" + e.a.OpAMPAddr().String()}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: drop, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { srv.Close() })
+	srv := httptest.NewServer(drop)
+	t.Cleanup(srv.Close)
 
 	ps := newPkgStore(e.pub)
 	var offers offerLog
-	uid := startOfferAgent(t, offerAgent{url: "http://" + l.Addr().String() + "/v1/opamp"}, ps, &offers)
+	uid := startOfferAgent(t, offerAgent{url: srv.URL + "/v1/opamp"}, ps, &offers)
 	v1 := e.release(t, "v1.0.0")
 	waitAcceptsPackages(t, e.ca, uid)
 	// The agent polls replica-b until the loss, then replica-a.
@@ -163,17 +158,12 @@ func TestPlainHTTPAgentGetsTheSameVersionOfferedAgainAfterAFailedInstall(t *test
 	sw := &switchProxy{}
 	b, a := "http://"+e.b.OpAMPAddr().String(), "http://"+e.a.OpAMPAddr().String()
 	sw.target.Store(&b)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: sw, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { srv.Close() })
+	srv := httptest.NewServer(sw)
+	t.Cleanup(srv.Close)
 
 	ps := newPkgStore(e.pub)
 	var offers offerLog
-	uid := startOfferAgent(t, offerAgent{url: "http://" + l.Addr().String() + "/v1/opamp"}, ps, &offers)
+	uid := startOfferAgent(t, offerAgent{url: srv.URL + "/v1/opamp"}, ps, &offers)
 	v1 := e.release(t, "v1.0.0")
 	waitAcceptsPackages(t, e.ca, uid)
 	var offered struct {
