@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/bridge/budget"
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
@@ -33,7 +34,6 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt311"
-	"github.com/myriarch/myriarch/internal/disclose"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -143,7 +143,7 @@ func (b *Bridge) InstanceID() string { return b.instanceID }
 // LogBudgets logs, per exclusive session, the numbers `check` discloses.
 func (b *Bridge) LogBudgets() {
 	for _, c := range b.cfg.Exclusive {
-		r := disclose.NewBridgeReport(b.cfg.Bridge.DeploymentMode, c.Assessment)
+		r := budget.NewBridgeReport(b.cfg.Bridge.DeploymentMode, c.Assessment)
 		attrs := []any{"session", c.SessionID, "lease_ttl", c.Assessment.Cadence.LeaseTTL,
 			"renew_interval", c.Assessment.Cadence.RenewInterval, "acquire_poll_interval", c.Assessment.Cadence.AcquirePollInterval,
 			"activation", c.Assessment.Policy.Activation.Bound, "broker_health_step_down", c.Assessment.Policy.BrokerHealthStepDown.String(),
@@ -279,11 +279,11 @@ type SessionStatus struct {
 	// BrokerPathLostFor is how long the owner's broker path has been
 	// lost, or not yet converged since the lease was won (the
 	// broker_health_step_down clock), in seconds.
-	BrokerPathLostFor *float64               `json:"broker_path_lost_for_s"`
-	InFlight          int64                  `json:"in_flight"`
-	Budget            *disclose.BridgeReport `json:"budget,omitempty"`
-	Routes            []string               `json:"routes"`
-	TakeoverToFull    *float64               `json:"last_takeover_to_full_s"`
+	BrokerPathLostFor *float64             `json:"broker_path_lost_for_s"`
+	InFlight          int64                `json:"in_flight"`
+	Budget            *budget.BridgeReport `json:"budget,omitempty"`
+	Routes            []string             `json:"routes"`
+	TakeoverToFull    *float64             `json:"last_takeover_to_full_s"`
 	// FailureToFull is the last failure-to-full this instance recorded as
 	// a successor (an upper bound; see the metric
 	// myriarch_bridge_failover_failure_to_full_seconds).
@@ -307,7 +307,7 @@ func (b *Bridge) Status() Status {
 type runner struct {
 	b       *Bridge
 	sess    *config.SessionSettings
-	policy  *disclose.BridgeReport
+	policy  *budget.BridgeReport
 	log     *slog.Logger
 	manager *lease.Manager
 	// Set when started: stop the runner, and its end.
@@ -363,7 +363,7 @@ func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runn
 		// instances would consume it at once; it runs at the baseline.
 		return nil, fmt.Errorf("exclusive session %q is used by no route", s.ID)
 	}
-	rep := disclose.NewBridgeReport(cfg.Bridge.DeploymentMode, c.Assessment)
+	rep := budget.NewBridgeReport(cfg.Bridge.DeploymentMode, c.Assessment)
 	rep.SessionID = s.ID
 	r.policy = &rep
 	r.role = "standby"
