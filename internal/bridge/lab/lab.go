@@ -82,9 +82,9 @@ const PlannedStopHandover = 500 * time.Millisecond
 // DemoScenarios are what `make demo` runs: the two original ones.
 var DemoScenarios = []string{OwnerSIGKILL, OwnerBrokerPathBlackhole}
 
-// stepDownExit is the exit status of `myriarch-bridge run` after a
+// StepDownExit is the exit status of `myriarch-bridge run` after a
 // broker-path step-down: restart me, I rejoin as a standby.
-const stepDownExit = 3
+const StepDownExit = 3
 
 // historyEvery is how often the lab polls the lease row.
 const historyEvery = 25 * time.Millisecond
@@ -912,7 +912,7 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 				continue
 			}
 			if !sl.p.alive() {
-				if sl.p.code == stepDownExit {
+				if sl.p.code == StepDownExit {
 					fmt.Fprintf(e.opts.Progress, "  %s exited after a broker-path step-down; restarting it\n", sl.name)
 					if err := e.start(sl); err != nil {
 						return nil, err
