@@ -56,6 +56,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/faultnet"
 )
 
 // Scenarios.
@@ -393,8 +394,8 @@ func listenAddrFromLog(log string) string {
 type slot struct {
 	name     string
 	p        *proc
-	brokerPx *Proxy
-	storePx  *Proxy
+	brokerPx *faultnet.Proxy
+	storePx  *faultnet.Proxy
 }
 
 type env struct {
@@ -646,12 +647,12 @@ func (e *env) settle(ctx context.Context) {
 func (e *env) start(s *slot) error {
 	s.close()
 	var err error
-	if s.brokerPx, err = NewProxy(e.broker); err != nil {
+	if s.brokerPx, err = faultnet.Listen(faultnet.Options{}, e.broker); err != nil {
 		return err
 	}
 	storeAddr := ""
 	if e.store.Partitionable() {
-		if s.storePx, err = NewProxy(e.store.target); err != nil {
+		if s.storePx, err = faultnet.Listen(faultnet.Options{}, e.store.target); err != nil {
 			return err
 		}
 		storeAddr = s.storePx.Addr()
