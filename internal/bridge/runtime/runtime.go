@@ -32,6 +32,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt311"
 	"github.com/myriarch/myriarch/lease"
@@ -326,7 +327,7 @@ type runner struct {
 	gen            int     // counts the reloads that replaced cfg
 	cur            *tenure // the tenure being served; nil between tenures
 	role           string
-	level          mqtt.Level
+	level          transport.Level
 	levelSince     time.Time
 	lastTakeover   time.Duration
 	lastFailure    time.Duration
@@ -522,9 +523,9 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		// A reload replaced the routes while these were built.
 		r.refresh(context.WithoutCancel(ctx), t)
 	}
-	var subs []mqtt.Subscription
+	var subs []transport.Subscription
 	for _, t := range config.Subscriptions(cfg, r.sess.ID) {
-		subs = append(subs, mqtt.Subscription{Filter: t.Filter, QoS: t.QoS})
+		subs = append(subs, transport.Subscription{Filter: t.Filter, QoS: t.QoS})
 	}
 	clientID := r.sess.ClientID
 	if r.sess.ClientIDInstance {
@@ -538,12 +539,12 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		}
 		return
 	}
-	s, err := newSession(r.sess.ProtocolVersion, mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
+	s, err := newSession(r.sess.ProtocolVersion, transport.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
 		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: disp.Handle,
-		OnLevel: func(l mqtt.Level) { r.onLevel(t, l) }, Logger: r.log, Tenure: guard,
+		OnLevel: func(l transport.Level) { r.onLevel(t, l) }, Logger: r.log, Tenure: guard,
 		StateFile: filepath.Join(cfg.Bridge.StateDir, cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
 	if err != nil {
 		r.log.Error("transport", "err", err)
@@ -593,7 +594,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 
 // transportSession is what a runner needs of a receiving session; the MQTT
 // 5 (transport/mqtt) and MQTT 3.1.1 (transport/mqtt311) sessions both
-// provide it, from the same mqtt.Config.
+// provide it, from the same transport.Config.
 type transportSession interface {
 	Run(ctx context.Context) error
 	Drain()
@@ -601,7 +602,7 @@ type transportSession interface {
 
 // newSession creates the receiving session of the session's
 // protocol_version.
-func newSession(version string, cfg mqtt.Config) (transportSession, error) {
+func newSession(version string, cfg transport.Config) (transportSession, error) {
 	if version == config.MQTT311 {
 		return mqtt311.New(cfg)
 	}
@@ -630,7 +631,7 @@ func (r *runner) drain() {
 }
 
 // onLevel is a tenure's transport reporting its service level.
-func (r *runner) onLevel(t *tenure, l mqtt.Level) {
+func (r *runner) onLevel(t *tenure, l transport.Level) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur != t {
@@ -642,7 +643,7 @@ func (r *runner) onLevel(t *tenure, l mqtt.Level) {
 		return
 	}
 	switch {
-	case l == mqtt.LevelFull:
+	case l == transport.LevelFull:
 		if !t.servedFull {
 			t.servedFull = true
 			r.lastTakeover = time.Since(t.start)
@@ -679,7 +680,7 @@ func (r *runner) ready() bool {
 	case "stepped_down":
 		return false
 	}
-	return r.level == mqtt.LevelFull
+	return r.level == transport.LevelFull
 }
 
 func (r *runner) status() SessionStatus {
