@@ -19,7 +19,7 @@ demo:
 ifeq ($(DEMO),fleet)
 	$(GO) test -count=1 -v -run TestBridgesManagedByMyriarchd ./cmd/myriarch-bridge/
 else
-	$(GO) run ./cmd/myriarch-bridge lab $(LAB)
+	GO=$(GO) tools/demo/demo.sh $(LAB)
 endif
 
 # The failover arithmetic of both daemons at their defaults.
@@ -31,7 +31,7 @@ budgets:
 # Leader failover scenarios of myriarchd against a throwaway PostgreSQL
 # (the network-namespace scenario needs root).
 failover-lab:
-	$(GO) run ./cmd/myriarchd failover-lab
+	$(GO) run ./cmd/myriarch-lab leader
 
 # MQTT→MQTT in one run (needs mosquitto): direct, mosquitto's own bridge,
 # myriarch-bridge on an ephemeral and on an exclusive session; prints the

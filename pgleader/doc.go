@@ -53,7 +53,7 @@
 // The bounds of each kind of failure are HardFailureBound (T),
 // FrozenLeaderBound, CleanCloseBound and PlannedStopBound; the operators'
 // page is docs/leader-election.md, the measurements come from
-// `myriarchd failover-lab`.
+// `myriarch-lab leader`.
 //
 // Tables (created by EnsureSchema, which Run calls):
 //

@@ -9,9 +9,9 @@ import (
 	"os"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/bridge/budget"
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/cli"
-	"github.com/myriarch/myriarch/internal/disclose"
 )
 
 func init() {
@@ -24,11 +24,11 @@ func init() {
 
 // checkReport is the JSON object of `myriarch-bridge check --json`.
 type checkReport struct {
-	Config   string                  `json:"config"`
-	Admitted bool                    `json:"admitted"`
-	Errors   []string                `json:"errors"`
-	Warnings []string                `json:"warnings"`
-	Sessions []disclose.BridgeReport `json:"sessions"`
+	Config   string                `json:"config"`
+	Admitted bool                  `json:"admitted"`
+	Errors   []string              `json:"errors"`
+	Warnings []string              `json:"warnings"`
+	Sessions []budget.BridgeReport `json:"sessions"`
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -57,7 +57,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stdout)
 			}
 			fmt.Fprintf(stdout, "Exclusive session %q\n", s.SessionID)
-			disclose.WriteBridgeTable(stdout, s)
+			budget.WriteBridgeTable(stdout, s)
 		}
 		for _, w := range r.Warnings {
 			fmt.Fprintln(stdout, "warning:", w)
@@ -76,7 +76,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 }
 
 func check(file string) checkReport {
-	r := checkReport{Config: file, Errors: []string{}, Warnings: []string{}, Sessions: []disclose.BridgeReport{}}
+	r := checkReport{Config: file, Errors: []string{}, Warnings: []string{}, Sessions: []budget.BridgeReport{}}
 	data, err := os.ReadFile(file)
 	if err != nil {
 		r.Errors = append(r.Errors, err.Error())
@@ -98,8 +98,8 @@ func check(file string) checkReport {
 // sessionReports discloses every exclusive session that a route uses: its
 // canonical assessment, or, when its routes could not be canonicalized,
 // the assessment of its first route.
-func sessionReports(cfg *config.Config) []disclose.BridgeReport {
-	var out []disclose.BridgeReport
+func sessionReports(cfg *config.Config) []budget.BridgeReport {
+	var out []budget.BridgeReport
 	for _, s := range cfg.Sessions {
 		if s.Mode != config.Exclusive {
 			continue
@@ -113,7 +113,7 @@ func sessionReports(cfg *config.Config) []disclose.BridgeReport {
 		if a == nil {
 			continue
 		}
-		rep := disclose.NewBridgeReport(cfg.Bridge.DeploymentMode, *a)
+		rep := budget.NewBridgeReport(cfg.Bridge.DeploymentMode, *a)
 		rep.SessionID = s.ID
 		if q, ok := cfg.QueueRoom[s.ID]; ok {
 			// A refusal is already among the config's problems.
@@ -122,7 +122,7 @@ func sessionReports(cfg *config.Config) []disclose.BridgeReport {
 		out = append(out, rep)
 	}
 	if out == nil {
-		out = []disclose.BridgeReport{}
+		out = []budget.BridgeReport{}
 	}
 	return out
 }

@@ -1,142 +1,21 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"os/signal"
-	"strconv"
-	"strings"
-	"syscall"
-	"text/tabwriter"
 
-	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/cli"
 )
 
 func init() {
 	commands.Register(cli.Command{
 		Name:    "lab",
-		Summary: "measure failover under owner faults (SIGKILL, broker-path blackhole, SIGSTOP, store partition, unreachable broker) and a planned stop (SIGTERM); report failure-to-full, the planned stop's handover gap, loss, duplicates and stale owners",
-		Run:     runLab,
+		Summary: "moved: the failover lab is its own binary, myriarch-lab (make demo)",
+		Run: func(_ []string, _, stderr io.Writer) int {
+			// The lab links an embedded broker, an etcd server and
+			// throwaway PostgreSQL clusters; the bridge binary must not.
+			fmt.Fprintln(stderr, "myriarch-bridge lab: the lab is now the myriarch-lab binary: `make demo`, or `go build -o bin/ ./cmd/myriarch-bridge ./cmd/myriarch-lab && bin/myriarch-lab bridge [flags]` (same flags as before)")
+			return cli.ExitUsage
+		},
 	})
-}
-
-// labExec starts a bridge process; tests replace it.
-var labExec = func(args ...string) *exec.Cmd {
-	exe, err := os.Executable()
-	if err != nil {
-		exe = os.Args[0]
-	}
-	return exec.Command(exe, args...)
-}
-
-func runLab(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("myriarch-bridge lab", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print one JSON object: the config, one result per round and the summary")
-	rate := fs.Int("rate", 200, "publisher rate, QoS 1 messages per second")
-	keep := fs.String("keep", "", "keep configs and bridge logs in this directory")
-	store := fs.String("store", lab.StoreSQLite, "lease store: sqlite, postgres (a throwaway cluster) or etcd (embedded)")
-	broker := fs.String("broker", "", "external broker URL (tcp://host:port); \"mosquitto\" starts a local mosquitto with its defaults, \"mosquitto:N\" one with max_queued_messages N; default an embedded broker")
-	scenarios := fs.String("scenarios", strings.Join(lab.DemoScenarios, ","), "comma-separated scenarios, or \"all\": "+strings.Join(lab.AllScenarios, ", "))
-	runs := fs.Int("runs", 0, "run N randomized fault rounds (scenario and timing drawn from --seed) and print one summary line")
-	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
-	queue := fs.Int("broker-queue-limit", 0, "declare the broker's per-session queue limit (and --rate as the peak message rate) and show the admission verdict")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return cli.ExitUsage
-	}
-	if fs.NArg() > 0 || *rate <= 0 || *runs < 0 || *queue < 0 {
-		fmt.Fprintln(stderr, "usage: myriarch-bridge lab [--json] [--rate N] [--keep DIR] [--store sqlite|postgres|etcd] [--broker URL] [--scenarios LIST|all] [--runs N --seed S] [--broker-queue-limit N]")
-		return cli.ExitUsage
-	}
-	sc := strings.Split(*scenarios, ",")
-	if *scenarios == "all" {
-		sc = lab.AllScenarios
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	progress := stderr
-	if !*asJSON && *runs == 0 {
-		fmt.Fprintf(stdout, "Configuration (per instance; each reaches the broker and the lease store through TCP proxies that can cut its path):\n\n%s\n", lab.Config)
-		progress = stdout
-	}
-	brokerURL := *broker
-	if name, arg, _ := strings.Cut(*broker, ":"); name == "mosquitto" {
-		maxQueued := -1
-		if arg != "" {
-			n, err := strconv.Atoi(arg)
-			if err != nil || n < 0 {
-				fmt.Fprintf(stderr, "--broker %q: the queue limit after mosquitto: must be a non-negative integer\n", *broker)
-				return cli.ExitUsage
-			}
-			maxQueued = n
-		}
-		dir, err := os.MkdirTemp("", "myriarch-lab-mosquitto-")
-		if err != nil {
-			fmt.Fprintln(stderr, "lab:", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		m, err := lab.StartMosquitto(ctx, dir, maxQueued)
-		if err != nil {
-			fmt.Fprintln(stderr, "lab:", err)
-			return 1
-		}
-		defer m.Close()
-		brokerURL = m.URL
-	}
-	rep, err := lab.Run(ctx, lab.Options{Command: labExec, Rate: *rate, Dir: *keep, Progress: progress,
-		Store: *store, Broker: brokerURL, Scenarios: sc, Runs: *runs, Seed: *seed, QueueLimit: *queue})
-	if err != nil {
-		fmt.Fprintln(stderr, "lab:", err)
-		if rep == nil {
-			return 1
-		}
-	}
-	switch {
-	case *asJSON:
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-	case *runs > 0:
-		fmt.Fprintln(stdout, rep.Line())
-	default:
-		fmt.Fprintf(stdout, "\nadmission: %s\n", rep.Admission)
-		for _, s := range rep.Skipped {
-			fmt.Fprintln(stdout, "skipped:", s)
-		}
-		tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "\nscenario\tbudget_s\tfirst_delivery_s\tfailure_to_full_s\tpublished\tdelivered\tlost\tduplicates (bound)\tstale\treconnects\ttwo_owners\tpass")
-		for _, r := range rep.Scenarios {
-			fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%d\t%d\t%d\t%d (%d)\t%d\t%d\t%t\t%t\n", r.Scenario, r.BudgetS, r.FaultToFirstDeliveryS, r.FailureToFullS, r.MessagesPublished, r.MessagesDelivered, r.Lost, r.Duplicates, r.DuplicateBound, r.StaleDeliveries, r.OldOwnerReconnects, r.TwoOwners, r.Pass)
-		}
-		tw.Flush()
-		for _, r := range rep.Scenarios {
-			if r.HandoverGapS != nil && r.HandoverS != nil && r.ActivationS != nil {
-				fmt.Fprintf(stdout, "round %d %s: old owner's last delivery → successor's first %.3fs = handover %.3fs (limit %v) + activation %.3fs\n",
-					r.Round, r.Scenario, *r.HandoverGapS, *r.HandoverS, lab.PlannedStopHandover, *r.ActivationS)
-			}
-		}
-		for _, r := range rep.Scenarios {
-			for _, p := range r.Problems {
-				fmt.Fprintf(stdout, "round %d %s: %s\n", r.Round, r.Scenario, p)
-			}
-		}
-		for _, a := range rep.StoreAnomalies {
-			fmt.Fprintln(stdout, "lease store:", a)
-		}
-	}
-	if err != nil || !rep.OK() {
-		return 1
-	}
-	return 0
 }

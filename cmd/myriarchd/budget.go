@@ -9,7 +9,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/cli"
-	"github.com/myriarch/myriarch/internal/disclose/budgetcmd"
+	"github.com/myriarch/myriarch/internal/fleet/budget"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 )
 
@@ -44,9 +44,9 @@ func runBudget(args []string, stdout, stderr io.Writer) int {
 		return cli.ExitUsage
 	}
 	// The loaded values are the starting point; flags given explicitly win.
-	in := budgetcmd.DefaultLeaderInputs()
+	in := budget.DefaultLeaderInputs()
 	in.LeaderSessionTimeout, in.ShutdownTimeout = cfg.HA.LeaderSessionTimeout, cfg.Server.ShutdownTimeout
-	return budgetcmd.RunLeaderBudget(rest, in, stdout, stderr)
+	return budget.RunLeaderBudget(rest, in, stdout, stderr)
 }
 
 // takeConfigFlag removes -c/--config FILE (or =FILE) from args.

@@ -21,9 +21,11 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
+	bridgebudget "github.com/myriarch/myriarch/internal/bridge/budget"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 	"github.com/myriarch/myriarch/internal/bridge/queueroom"
 	"github.com/myriarch/myriarch/internal/disclose"
+	fleetbudget "github.com/myriarch/myriarch/internal/fleet/budget"
 	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
@@ -91,9 +93,9 @@ var profiles = []profile{
 	{"Clustered HA (`deployment_mode: clustered`, no pinned lease timing)", leasemode.Clustered},
 }
 
-func assessProfile(mode leasemode.Mode) (disclose.BridgeReport, error) {
+func assessProfile(mode leasemode.Mode) (bridgebudget.BridgeReport, error) {
 	bh, _ := failover.BrokerHealthAfter(probeStepDown)
-	r := disclose.NewBridgeReport(mode, failover.Assess(failover.SessionPolicy{
+	r := bridgebudget.NewBridgeReport(mode, failover.Assess(failover.SessionPolicy{
 		Lease: mode.Lease(failover.LeaseConfig{}), BrokerHealthStepDown: bh, Activation: mqttDefaults(),
 	}))
 	if !r.Admitted {
@@ -172,7 +174,7 @@ func bridgeTerms() (string, error) {
 }
 
 func leaderDefault() (failover.LeaderKeepalive, error) {
-	r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
+	r := fleetbudget.LeaderBudget(failover.DefaultLeaderSessionTimeout, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 	if !r.OK() {
 		return failover.LeaderKeepalive{}, fmt.Errorf("%v", r.Errors)
 	}
@@ -226,7 +228,7 @@ func leaderTimeouts() (string, error) {
 	b.WriteString("| T | Follower retry (max) | Margin | D | I | count | tcp_user_timeout | Server drops after | Leader resigns after | Confirm every / timeout |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range LeaderTimeoutSamples {
-		r := disclose.LeaderBudget(t, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
+		r := fleetbudget.LeaderBudget(t, fleetconfig.DefaultShutdownTimeout, fleetconfig.DefaultPreStopSleep)
 		if !r.OK() {
 			return "", fmt.Errorf("leader session timeout %v: %v", t, r.Errors)
 		}
@@ -248,7 +250,7 @@ func terminationGrace() (string, error) {
 		{fleetconfig.DefaultPreStopSleep, time.Minute},
 		{0, fleetconfig.DefaultShutdownTimeout},
 	} {
-		r := disclose.LeaderBudget(failover.DefaultLeaderSessionTimeout, c.sd, c.pre)
+		r := fleetbudget.LeaderBudget(failover.DefaultLeaderSessionTimeout, c.sd, c.pre)
 		if !r.OK() {
 			return "", fmt.Errorf("%v", r.Errors)
 		}
@@ -277,13 +279,13 @@ func bridgeQueueRoom() (string, error) {
 	b.WriteString(strings.Repeat("---|", len(queueRoomRates)+1) + "\n")
 	for _, p := range profiles {
 		bh, _ := failover.BrokerHealthAfter(queueRoomStepDown)
-		r := disclose.NewBridgeReport(p.mode, failover.Assess(failover.SessionPolicy{
+		r := bridgebudget.NewBridgeReport(p.mode, failover.Assess(failover.SessionPolicy{
 			Lease: p.mode.Lease(failover.LeaseConfig{}), BrokerHealthStepDown: bh, Activation: mqttDefaults(),
 		}))
 		if !r.Admitted {
 			return "", fmt.Errorf("profile %s refused: %v", p.mode, r.Errors)
 		}
-		worst := disclose.WorstBudget(r.Assessment())
+		worst := bridgebudget.WorstBudget(r.Assessment())
 		fmt.Fprintf(&b, "| %s | %s |", p.label, secs(worst))
 		for _, rate := range queueRoomRates {
 			fmt.Fprintf(&b, " %d |", failover.MessagesAtRisk(rate, worst))

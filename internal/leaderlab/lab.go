@@ -3,7 +3,7 @@
 // a network that drops every packet between the leader and the server
 // (network namespaces), a frozen leader process (SIGSTOP), kill -9, a
 // crash and a planned stop. The replicas are subprocesses (this binary,
-// re-executed; see MaybeRunReplica). `myriarchd failover-lab` and the tests
+// re-executed; see MaybeRunReplica). `myriarch-lab leader` and the tests
 // of this package share it.
 package leaderlab
 

@@ -126,7 +126,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 }
 
 // TB is the part of testing.TB that New uses. The package does not import
-// testing, so that `myriarchd failover-lab` (internal/leaderlab), which
+// testing, so that `myriarch-lab leader` (internal/leaderlab), which
 // starts clusters with Start, does not link the test framework into the
 // production binary.
 type TB interface {

@@ -7,184 +7,52 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
+	"sync/atomic"
+
+	"github.com/myriarch/myriarch/internal/faultnet"
 )
 
-// Proxy is a TCP proxy in front of a PostgreSQL server for fault tests. It
-// can freeze its connections (stop forwarding in both directions without
-// closing anything, so neither side sees a FIN) and can refuse startup
-// packets that carry a given parameter, the way a server that does not
-// support tcp_user_timeout does.
+// Proxy is the fault proxy of package faultnet in front of a PostgreSQL
+// server, which also reads each startup packet: it can freeze its
+// connections (stop forwarding in both directions without closing
+// anything, so neither side sees a FIN) and refuse startup packets that
+// carry a given parameter, the way a server that does not support
+// tcp_user_timeout does.
 type Proxy struct {
+	*faultnet.Proxy
 	// Addr is the host:port the proxy listens on.
 	Addr string
 
-	target string
-	ln     net.Listener
-	// RefuseParam, when set before the first connection, makes the proxy
-	// answer a startup packet that contains this parameter with a FATAL
-	// ErrorResponse (SQLSTATE 22023) instead of forwarding it.
-	refuseParam string
-
-	mu      sync.Mutex
-	frozen  bool
-	conns   []net.Conn
-	refused int
-	closed  chan struct{}
-	wg      sync.WaitGroup
+	refused atomic.Int64
 }
 
 // NewProxy listens on a free loopback port and forwards to target
-// (host:port). refuseParam may be empty.
+// (host:port). refuseParam may be empty: when set, a startup packet that
+// contains this parameter is answered with a FATAL ErrorResponse
+// (SQLSTATE 22023) instead of being forwarded.
 func NewProxy(target, refuseParam string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &Proxy{}
+	fp, err := faultnet.Listen(faultnet.Options{Handshake: func(client net.Conn) ([]byte, error) {
+		startup, refuse, err := readStartup(client, refuseParam)
+		if err != nil {
+			return nil, err
+		}
+		if refuse != "" {
+			p.refused.Add(1)
+			_, _ = client.Write(errorResponse("22023", fmt.Sprintf("invalid value for parameter %q: %q", refuseParam, refuse)))
+			return nil, errors.New("refused")
+		}
+		return startup, nil
+	}}, target)
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, refuseParam: refuseParam, closed: make(chan struct{})}
-	p.wg.Go(p.accept)
+	p.Proxy, p.Addr = fp, fp.Addr()
 	return p, nil
 }
 
-// HostPort returns the listen host and port.
-func (p *Proxy) HostPort() (string, int) {
-	a := p.ln.Addr().(*net.TCPAddr)
-	return a.IP.String(), a.Port
-}
-
-// Freeze stops forwarding on every current and future connection. Bytes
-// stay in the kernel buffers; no side sees a FIN or RST until Close.
-func (p *Proxy) Freeze() {
-	p.mu.Lock()
-	p.frozen = true
-	p.mu.Unlock()
-}
-
 // Refused returns how many startup packets the proxy refused.
-func (p *Proxy) Refused() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.refused
-}
-
-// Close closes the listener and every connection and waits for the
-// forwarding goroutines.
-func (p *Proxy) Close() error {
-	p.mu.Lock()
-	select {
-	case <-p.closed:
-	default:
-		close(p.closed)
-	}
-	conns := p.conns
-	p.conns = nil
-	p.mu.Unlock()
-	err := p.ln.Close()
-	for _, c := range conns {
-		c.Close()
-	}
-	p.wg.Wait()
-	return err
-}
-
-func (p *Proxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.closed:
-		c.Close()
-		return false
-	default:
-	}
-	p.conns = append(p.conns, c)
-	return true
-}
-
-func (p *Proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			return
-		}
-		p.wg.Go(func() { p.serve(c) })
-	}
-}
-
-func (p *Proxy) serve(client net.Conn) {
-	startup, refuse, err := readStartup(client, p.refuseParam)
-	if err != nil {
-		client.Close()
-		return
-	}
-	if refuse != "" {
-		p.mu.Lock()
-		p.refused++
-		p.mu.Unlock()
-		_, _ = client.Write(errorResponse("22023", fmt.Sprintf("invalid value for parameter %q: %q", p.refuseParam, refuse)))
-		client.Close()
-		return
-	}
-	server, err := net.Dial("tcp", p.target)
-	if err != nil {
-		client.Close()
-		return
-	}
-	if !p.track(server) {
-		client.Close()
-		return
-	}
-	if _, err := server.Write(startup); err != nil {
-		client.Close()
-		server.Close()
-		return
-	}
-	p.wg.Go(func() { p.pipe(server, client) })
-	p.pipe(client, server)
-}
-
-// pipe copies from src to dst until an error or a freeze. When frozen it
-// holds both connections open until Close, so that the peers see nothing.
-func (p *Proxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		if p.isFrozen() {
-			<-p.closed
-			return
-		}
-		n, err := src.Read(buf)
-		if n > 0 {
-			if p.isFrozen() {
-				<-p.closed
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			if p.isFrozen() {
-				<-p.closed
-				return
-			}
-			// Pass the close on like a normal proxy.
-			if tc, ok := dst.(*net.TCPConn); ok && errors.Is(err, io.EOF) {
-				_ = tc.CloseWrite()
-			} else {
-				dst.Close()
-			}
-			return
-		}
-	}
-}
-
-func (p *Proxy) isFrozen() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.frozen
-}
+func (p *Proxy) Refused() int { return int(p.refused.Load()) }
 
 // readStartup reads the startup packet (answering an SSLRequest or
 // GSSENCRequest with 'N') and returns its bytes and, when refuseParam is

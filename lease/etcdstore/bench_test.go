@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/myriarch/myriarch/lease"
-	"github.com/myriarch/myriarch/lease/internal/etcdtest"
+	"github.com/myriarch/myriarch/lease/etcdtest"
 	"github.com/myriarch/myriarch/lease/internal/leasesim"
 )
 

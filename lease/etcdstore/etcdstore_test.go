@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/myriarch/myriarch/lease"
-	"github.com/myriarch/myriarch/lease/internal/etcdtest"
+	"github.com/myriarch/myriarch/lease/etcdtest"
 	"github.com/myriarch/myriarch/lease/internal/rowstore/waketest"
 	"github.com/myriarch/myriarch/lease/leasetest"
 )

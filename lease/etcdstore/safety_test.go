@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/lease"
-	"github.com/myriarch/myriarch/lease/internal/etcdtest"
+	"github.com/myriarch/myriarch/lease/etcdtest"
 	"github.com/myriarch/myriarch/lease/internal/leasesim"
 )
 

@@ -35,6 +35,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/sqlitestore"
@@ -276,9 +277,9 @@ func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing, ro
 		d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
 		// No session expiry: a bridge that stopped leaves no session behind
 		// to queue the next measurement's messages.
-		s, err := mqtt.New(mqtt.Config{Brokers: []string{a}, ClientID: id + "-in", CleanStart: true, KeepAlive: 30 * time.Second,
+		s, err := mqtt.New(transport.Config{Brokers: []string{a}, ClientID: id + "-in", CleanStart: true, KeepAlive: 30 * time.Second,
 			ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: window,
-			Subscriptions: []mqtt.Subscription{{Filter: filter, QoS: 1}}, Handler: d.Handle, Tenure: guard})
+			Subscriptions: []transport.Subscription{{Filter: filter, QoS: 1}}, Handler: d.Handle, Tenure: guard})
 		if err != nil {
 			route.Close()
 			_ = out.Close(ctx)
@@ -294,7 +295,7 @@ func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing, ro
 			route.Close()
 			_ = out.Close(ctx)
 		})
-		for deadline := time.Now().Add(30 * time.Second); s.Level() != mqtt.LevelFull; {
+		for deadline := time.Now().Add(30 * time.Second); s.Level() != transport.LevelFull; {
 			if time.Now().After(deadline) {
 				stop()
 				return nil, fmt.Errorf("the session did not reach full service within 30s")
@@ -436,7 +437,7 @@ func BenchmarkMemoryPer10kInFlight(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		for i := range n {
 			p := make([]byte, payloadSize)
-			d.Handle(&mqtt.Message{Topic: fmt.Sprintf("plant/%d/telemetry", i%100), Payload: p, QoS: 1, Received: time.Now()}, func() {})
+			d.Handle(&transport.Message{Topic: fmt.Sprintf("plant/%d/telemetry", i%100), Payload: p, QoS: 1, Received: time.Now()}, func() {})
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

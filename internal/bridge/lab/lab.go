@@ -56,6 +56,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/faultnet"
 )
 
 // Scenarios.
@@ -82,9 +83,9 @@ const PlannedStopHandover = 500 * time.Millisecond
 // DemoScenarios are what `make demo` runs: the two original ones.
 var DemoScenarios = []string{OwnerSIGKILL, OwnerBrokerPathBlackhole}
 
-// stepDownExit is the exit status of `myriarch-bridge run` after a
+// StepDownExit is the exit status of `myriarch-bridge run` after a
 // broker-path step-down: restart me, I rejoin as a standby.
-const stepDownExit = 3
+const StepDownExit = 3
 
 // historyEvery is how often the lab polls the lease row.
 const historyEvery = 25 * time.Millisecond
@@ -393,8 +394,8 @@ func listenAddrFromLog(log string) string {
 type slot struct {
 	name     string
 	p        *proc
-	brokerPx *Proxy
-	storePx  *Proxy
+	brokerPx *faultnet.Proxy
+	storePx  *faultnet.Proxy
 }
 
 type env struct {
@@ -646,12 +647,12 @@ func (e *env) settle(ctx context.Context) {
 func (e *env) start(s *slot) error {
 	s.close()
 	var err error
-	if s.brokerPx, err = NewProxy(e.broker); err != nil {
+	if s.brokerPx, err = faultnet.Listen(faultnet.Options{}, e.broker); err != nil {
 		return err
 	}
 	storeAddr := ""
 	if e.store.Partitionable() {
-		if s.storePx, err = NewProxy(e.store.target); err != nil {
+		if s.storePx, err = faultnet.Listen(faultnet.Options{}, e.store.target); err != nil {
 			return err
 		}
 		storeAddr = s.storePx.Addr()
@@ -912,7 +913,7 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 				continue
 			}
 			if !sl.p.alive() {
-				if sl.p.code == stepDownExit {
+				if sl.p.code == StepDownExit {
 					fmt.Fprintf(e.opts.Progress, "  %s exited after a broker-path step-down; restarting it\n", sl.name)
 					if err := e.start(sl); err != nil {
 						return nil, err

@@ -2,23 +2,20 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/etcdstore"
+	"github.com/myriarch/myriarch/lease/etcdtest"
 	"github.com/myriarch/myriarch/lease/pgstore"
 	"github.com/myriarch/myriarch/lease/sqlitestore"
 )
@@ -115,61 +112,12 @@ func startStore(ctx context.Context, kind, dir string) (*storeEnv, error) {
 }
 
 // startEtcd runs an embedded single-member etcd on free loopback ports.
-// The ports are found free and bound by etcd a moment later; one taken in
-// between (an outgoing connection's local port, another process) costs a
-// start afresh on other ports.
 func startEtcd(dir string) (string, func(), error) {
-	for attempt := 1; ; attempt++ {
-		sub := "etcd"
-		if attempt > 1 {
-			sub = fmt.Sprintf("etcd-%d", attempt)
-		}
-		client, stop, err := startEtcdOnce(filepath.Join(dir, sub))
-		if err != nil && attempt < 5 && strings.Contains(err.Error(), "address already in use") {
-			continue
-		}
-		return client, stop, err
-	}
-}
-
-func startEtcdOnce(dir string) (string, func(), error) {
-	free := func() (url.URL, error) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return url.URL{}, err
-		}
-		defer l.Close()
-		return url.URL{Scheme: "http", Host: l.Addr().String()}, nil
-	}
-	client, err := free()
+	s, err := etcdtest.StartIn(dir, "lab")
 	if err != nil {
 		return "", nil, err
 	}
-	peer, err := free()
-	if err != nil {
-		return "", nil, err
-	}
-	cfg := embed.NewConfig()
-	cfg.Name = "lab"
-	cfg.Dir = dir
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return "", nil, err
-	}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return "", nil, err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return "", nil, errors.New("not ready after 30s")
-	}
-	return client.String(), e.Close, nil
+	return s.Endpoint, s.Stop, nil
 }
 
 // change is one transition of the lease row as the lab's reader saw it.

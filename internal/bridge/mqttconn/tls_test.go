@@ -14,6 +14,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/testpki"
 )
@@ -152,10 +153,10 @@ func session(t *testing.T, url string, c client, limit time.Duration) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{url}, ClientID: fmt.Sprintf("tls-in-%d", time.Now().UnixNano()), CleanStart: true,
+	s, err := mqtt.New(transport.Config{Brokers: []string{url}, ClientID: fmt.Sprintf("tls-in-%d", time.Now().UnixNano()), CleanStart: true,
 		KeepAlive: 30 * time.Second, ConnectTimeout: 10 * time.Second, ReconcileTimeout: 10 * time.Second, UnmatchedGrace: time.Second,
-		TLS: tc, Username: c.user, Password: []byte(c.pass), Subscriptions: []mqtt.Subscription{{Filter: "t/#", QoS: 1}},
-		Handler: func(_ *mqtt.Message, ack func()) { ack() }})
+		TLS: tc, Username: c.user, Password: []byte(c.pass), Subscriptions: []transport.Subscription{{Filter: "t/#", QoS: 1}},
+		Handler: func(_ *transport.Message, ack func()) { ack() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func session(t *testing.T, url string, c client, limit time.Duration) bool {
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if s.Level() == mqtt.LevelFull {
+		if s.Level() == transport.LevelFull {
 			return true
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -52,7 +52,7 @@ func BenchmarkDeliver(b *testing.B) {
 			route := routing.NewRoute(cfg)
 			defer route.Close()
 			d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
-			m := &mqtt.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
+			m := &transport.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
 			b.ReportAllocs()
 			for b.Loop() {
 				d.Handle(m, func() {})
@@ -86,7 +86,7 @@ func BenchmarkDeliverInFlight(b *testing.B) {
 	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, MaxInFlight: 2000, Targets: []routing.Target{{ID: "a", Sender: p}}})
 	defer route.Close()
 	d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
-	m := &mqtt.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
+	m := &transport.Message{Topic: "plant/1/telemetry", Payload: make([]byte, 256), QoS: 1}
 	b.ReportAllocs()
 	for b.Loop() {
 		d.Handle(m, func() {})

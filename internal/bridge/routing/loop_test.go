@@ -15,6 +15,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
@@ -28,9 +29,9 @@ func runLeg(t *testing.T, id, peer, from, to string, met *metrics.Bridge) {
 	route := routing.NewRoute(routing.RouteConfig{ID: id, Filters: []string{"x/#"}, LoopPeer: peer, Metrics: met,
 		Targets: []routing.Target{{ID: "to", Sender: out, MaxAttempts: 3}}})
 	d := &routing.Dispatcher{Session: id, Routes: []*routing.Route{route}, Metrics: met}
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{from}, ClientID: fmt.Sprintf("%s-in-%d", id, time.Now().UnixNano()), CleanStart: true, KeepAlive: 30 * time.Second,
+	s, err := mqtt.New(transport.Config{Brokers: []string{from}, ClientID: fmt.Sprintf("%s-in-%d", id, time.Now().UnixNano()), CleanStart: true, KeepAlive: 30 * time.Second,
 		ConnectTimeout: 10 * time.Second, ReconcileTimeout: 10 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: 1000,
-		Subscriptions: []mqtt.Subscription{{Filter: "x/#", QoS: 1}}, Handler: d.Handle})
+		Subscriptions: []transport.Subscription{{Filter: "x/#", QoS: 1}}, Handler: d.Handle})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func runLeg(t *testing.T, id, peer, from, to string, met *metrics.Bridge) {
 		route.Close()
 		_ = out.Close(context.Background())
 	})
-	waitFor(t, id+"'s session at full service", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, id+"'s session at full service", func() bool { return s.Level() == transport.LevelFull })
 }
 
 // quietCounts waits until every subscriber received at least want
@@ -193,13 +194,13 @@ func TestLoopPeerChains(t *testing.T) {
 	var acks atomic.Int32
 	props := func(users ...sender.UserProperty) *sender.Properties { return &sender.Properties{User: users} }
 	// Published on B by a-to-b: only the chained route takes it.
-	d.Handle(&mqtt.Message{Topic: "t/1", Properties: props(sender.UserProperty{Key: routing.HopProperty, Value: "a-to-b"})}, func() { acks.Add(1) })
+	d.Handle(&transport.Message{Topic: "t/1", Properties: props(sender.UserProperty{Key: routing.HopProperty, Value: "a-to-b"})}, func() { acks.Add(1) })
 	// Published on B by another pair's leg (c-to-b), with other user
 	// properties: both take it; b-to-a stamps itself instead.
-	d.Handle(&mqtt.Message{Topic: "t/2", Properties: props(sender.UserProperty{Key: "k", Value: "1"},
+	d.Handle(&transport.Message{Topic: "t/2", Properties: props(sender.UserProperty{Key: "k", Value: "1"},
 		sender.UserProperty{Key: routing.HopProperty, Value: "c-to-b"}, sender.UserProperty{Key: "k", Value: "2"})}, func() { acks.Add(1) })
 	// A local message without properties.
-	d.Handle(&mqtt.Message{Topic: "t/3"}, func() { acks.Add(1) })
+	d.Handle(&transport.Message{Topic: "t/3"}, func() { acks.Add(1) })
 	waitFor(t, "every message settled", func() bool { return acks.Load() == 3 })
 	if len(chain.got) != 3 {
 		t.Fatalf("chained route took %d messages, want 3", len(chain.got))

@@ -9,7 +9,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 var plantMappings = []routing.Mapping{
@@ -101,7 +101,7 @@ func TestRewriteCacheKeepsEachTopicsRewrite(t *testing.T) {
 			for i := range 200 {
 				topic := fmt.Sprintf("in/plant1/sensors/%d", (i*7+round)%200)
 				want = append(want, r.Rewrite(topic))
-				if err := r.Deliver(&mqtt.Message{Topic: topic, QoS: 1}, func() {}); err != nil {
+				if err := r.Deliver(&transport.Message{Topic: topic, QoS: 1}, func() {}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -20,7 +20,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 // orderSink is an HTTP destination that refuses chosen requests and
@@ -222,7 +222,7 @@ func TestFailureWithdrawsAndHoldsTheTopic(t *testing.T) {
 	var acked atomic.Int32
 	d := &routing.Dispatcher{Routes: []*routing.Route{route}}
 	in := func(topic, payload string) {
-		d.Handle(&mqtt.Message{Topic: topic, Payload: []byte(payload), QoS: 1}, func() { acked.Add(1) })
+		d.Handle(&transport.Message{Topic: topic, Payload: []byte(payload), QoS: 1}, func() { acked.Add(1) })
 	}
 	in("a", "1")
 	in("a", "2")
@@ -304,7 +304,7 @@ func TestPermanentFailureDeadLettersAtOnce(t *testing.T) {
 	var acked atomic.Int32
 	d := &routing.Dispatcher{Routes: []*routing.Route{route}}
 	for _, p := range []string{"1", "bad", "2", "3"} {
-		d.Handle(&mqtt.Message{Topic: "t", Payload: []byte(p), QoS: 1}, func() { acked.Add(1) })
+		d.Handle(&transport.Message{Topic: "t", Payload: []byte(p), QoS: 1}, func() { acked.Add(1) })
 	}
 	waitFor(t, "all settled", func() bool { return acked.Load() == 4 })
 	f.mu.Lock()
@@ -353,7 +353,7 @@ func TestSharedSenderKeepsEachRoutesOrder(t *testing.T) {
 	var acked atomic.Int32
 	d := &routing.Dispatcher{Routes: routes}
 	for i := range n {
-		d.Handle(&mqtt.Message{Topic: "t", Payload: fmt.Append(nil, i), QoS: 1}, func() { acked.Add(1) })
+		d.Handle(&transport.Message{Topic: "t", Payload: fmt.Append(nil, i), QoS: 1}, func() { acked.Add(1) })
 	}
 	waitFor(t, "every message acknowledged", func() bool { return acked.Load() == n })
 	mu.Lock()

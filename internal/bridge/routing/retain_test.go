@@ -13,6 +13,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
@@ -62,9 +63,9 @@ func runBridge(t *testing.T, a, b string, rc routing.RouteConfig) {
 	rc.Targets = []routing.Target{{ID: "b", Sender: out, MaxAttempts: 3}}
 	route := routing.NewRoute(rc)
 	d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{a}, ClientID: fmt.Sprintf("in-%d", time.Now().UnixNano()), CleanStart: true, KeepAlive: 30 * time.Second,
+	s, err := mqtt.New(transport.Config{Brokers: []string{a}, ClientID: fmt.Sprintf("in-%d", time.Now().UnixNano()), CleanStart: true, KeepAlive: 30 * time.Second,
 		ConnectTimeout: 10 * time.Second, ReconcileTimeout: 10 * time.Second, UnmatchedGrace: time.Second,
-		Subscriptions: []mqtt.Subscription{{Filter: "in/#", QoS: 1}}, Handler: d.Handle})
+		Subscriptions: []transport.Subscription{{Filter: "in/#", QoS: 1}}, Handler: d.Handle})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func runBridge(t *testing.T, a, b string, rc routing.RouteConfig) {
 		route.Close()
 		_ = out.Close(context.Background())
 	})
-	waitFor(t, "the session at full service", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "the session at full service", func() bool { return s.Level() == transport.LevelFull })
 }
 
 // seen records what a subscriber received: topic → payload and retain flag.

@@ -36,7 +36,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 // Target is one sender of a route with its retry policy.
@@ -259,7 +259,7 @@ func (r *Route) InFlight() int64 { return r.inFlight.Load() }
 // for a route with mappings, whether one of them maps it.
 func (r *Route) Matches(topic string) bool {
 	for _, f := range r.cfg.Filters {
-		if mqtt.Match(f, topic) {
+		if transport.Match(f, topic) {
 			if len(r.cfg.Mappings) == 0 {
 				return true
 			}
@@ -273,7 +273,7 @@ func (r *Route) Matches(topic string) bool {
 // mapped applies the first mapping that matches topic.
 func (r *Route) mapped(topic string) (string, bool) {
 	for _, m := range r.cfg.Mappings {
-		if mqtt.Match(m.SourcePrefix+m.Pattern, topic) {
+		if transport.Match(m.SourcePrefix+m.Pattern, topic) {
 			return m.DestinationPrefix + strings.TrimPrefix(topic, m.SourcePrefix), true
 		}
 	}
@@ -330,7 +330,7 @@ func (r *Route) valid() bool { return r.cfg.Tenure == nil || r.cfg.Tenure.Valid(
 // dead-lettered. It returns ErrClosed, without calling settled, when the
 // route closes before a slot frees. Deliver is called from one goroutine:
 // each sender receives a topic's messages in the order of these calls.
-func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
+func (r *Route) Deliver(m *transport.Message, settled func()) error {
 	// The transport checked the tenure just before it called the handler
 	// (intake); the route checks again only after it had to wait.
 	if m.Retain && r.cfg.Retain == RetainDrop {
@@ -414,7 +414,7 @@ func (r *Route) Deliver(m *mqtt.Message, settled func()) error {
 
 // fromPeer reports whether m carries the hop stamp of the route's loop
 // peer.
-func (r *Route) fromPeer(m *mqtt.Message) bool {
+func (r *Route) fromPeer(m *transport.Message) bool {
 	if r.cfg.LoopPeer == "" || m.Properties == nil {
 		return false
 	}
@@ -701,8 +701,8 @@ type Dispatcher struct {
 	Metrics *metrics.Bridge
 }
 
-// Handle implements mqtt.Handler.
-func (d *Dispatcher) Handle(m *mqtt.Message, ack func()) {
+// Handle implements transport.Handler.
+func (d *Dispatcher) Handle(m *transport.Message, ack func()) {
 	var first *Route
 	n := 0
 	for _, r := range d.Routes {

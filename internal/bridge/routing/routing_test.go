@@ -30,6 +30,7 @@ import (
 	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
@@ -67,16 +68,16 @@ func startBroker(t *testing.T) *embroker.Broker {
 // runSession runs a bridge session on broker with the dispatcher of routes.
 func runSession(t *testing.T, ctx context.Context, url, clientID string, filter string, d *routing.Dispatcher) (*mqtt.Session, func()) {
 	t.Helper()
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{url}, ClientID: clientID, SessionExpiry: time.Hour, KeepAlive: 30 * time.Second,
+	s, err := mqtt.New(transport.Config{Brokers: []string{url}, ClientID: clientID, SessionExpiry: time.Hour, KeepAlive: 30 * time.Second,
 		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second, ReceiveMaximum: 1000,
-		Subscriptions: []mqtt.Subscription{{Filter: filter, QoS: 1}}, Handler: d.Handle})
+		Subscriptions: []transport.Subscription{{Filter: filter, QoS: 1}}, Handler: d.Handle})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
-	waitFor(t, "session full", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "session full", func() bool { return s.Level() == transport.LevelFull })
 	return s, func() { cancel(); <-done }
 }
 

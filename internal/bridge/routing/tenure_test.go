@@ -11,7 +11,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 type switchTenure struct{ ok atomic.Bool }
@@ -70,17 +70,17 @@ func TestTenureEndsAtThePointOfAction(t *testing.T) {
 	defer route.Close()
 	var acked atomic.Int32
 	ack := func() { acked.Add(1) }
-	if err := route.Deliver(&mqtt.Message{Topic: "a", Payload: []byte("1")}, ack); err != nil {
+	if err := route.Deliver(&transport.Message{Topic: "a", Payload: []byte("1")}, ack); err != nil {
 		t.Fatal(err)
 	}
 	snd.flush()
-	if err := route.Deliver(&mqtt.Message{Topic: "a", Payload: []byte("2")}, ack); err != nil {
+	if err := route.Deliver(&transport.Message{Topic: "a", Payload: []byte("2")}, ack); err != nil {
 		t.Fatal(err)
 	}
 	ten.ok.Store(false) // the deadline passes while "2" waits at the sender
 	snd.flush()
 	// Taken (the transport checks intake), but never delivered.
-	if err := route.Deliver(&mqtt.Message{Topic: "b", Payload: []byte("3")}, ack); err != nil {
+	if err := route.Deliver(&transport.Message{Topic: "b", Payload: []byte("3")}, ack); err != nil {
 		t.Fatal(err)
 	}
 	snd.flush() // nothing was re-sent: the lane does not retry for an ended tenure
@@ -122,11 +122,11 @@ func TestTenureEndedDuringTheWait(t *testing.T) {
 	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, MaxInFlight: 1,
 		Targets: []routing.Target{{ID: "q", Sender: snd}}, Tenure: ten})
 	defer route.Close()
-	if err := route.Deliver(&mqtt.Message{Topic: "a", Payload: []byte("1")}, func() {}); err != nil {
+	if err := route.Deliver(&transport.Message{Topic: "a", Payload: []byte("1")}, func() {}); err != nil {
 		t.Fatal(err)
 	}
 	res := make(chan error, 1)
-	go func() { res <- route.Deliver(&mqtt.Message{Topic: "a", Payload: []byte("2")}, func() {}) }()
+	go func() { res <- route.Deliver(&transport.Message{Topic: "a", Payload: []byte("2")}, func() {}) }()
 	// Let the second Deliver block on the full route. Not a timing claim:
 	// a waiter that had not blocked yet would take the freed slot without
 	// waiting, and the error below says so.
@@ -144,7 +144,7 @@ func TestCloseWithdrawsQueuedMessages(t *testing.T) {
 	route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"#"}, Targets: []routing.Target{{ID: "q", Sender: snd}}})
 	var acked atomic.Int32
 	for _, p := range []string{"1", "2"} {
-		if err := route.Deliver(&mqtt.Message{Topic: "a", Payload: []byte(p)}, func() { acked.Add(1) }); err != nil {
+		if err := route.Deliver(&transport.Message{Topic: "a", Payload: []byte(p)}, func() { acked.Add(1) }); err != nil {
 			t.Fatal(err)
 		}
 	}

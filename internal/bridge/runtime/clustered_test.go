@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -22,7 +20,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
@@ -33,6 +30,7 @@ import (
 	"github.com/myriarch/myriarch/internal/testnet"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/etcdstore"
+	"github.com/myriarch/myriarch/lease/etcdtest"
 	"github.com/myriarch/myriarch/lease/pgstore"
 )
 
@@ -397,47 +395,11 @@ func TestClusteredTakeoverEtcd(t *testing.T) {
 	testClusteredTakeover(t, fmt.Sprintf("{type: etcd, endpoints: [%q], prefix: /bridge-test/}", endpoint), store)
 }
 
-// startEtcd runs an embedded single-member etcd on free loopback ports
-// until the end of the test (as lease/internal/etcdtest does) and returns
-// its client URL.
+// startEtcd runs an embedded single-member etcd until the end of the test
+// and returns its client URL.
 func startEtcd(t *testing.T) string {
 	t.Helper()
-	free := func() url.URL {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return url.URL{Scheme: "http", Host: l.Addr().String()}
-	}
-	// A port found free can be taken by a parallel test before etcd binds
-	// it: try again with new ports.
-	var e *embed.Etcd
-	var client url.URL
-	for attempt := 1; ; attempt++ {
-		cfg := embed.NewConfig()
-		cfg.Name = "bridge-test"
-		cfg.Dir = t.TempDir()
-		var peer url.URL
-		client, peer = free(), free()
-		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-		var err error
-		if e, err = embed.StartEtcd(cfg); err == nil {
-			break
-		} else if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd not ready after 30s")
-	}
-	return client.String()
+	return etcdtest.Start(t).Endpoint
 }
 
 // The two-owner watcher can fire: a child that owned and then stops

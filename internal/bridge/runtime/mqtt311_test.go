@@ -17,8 +17,8 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
-	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/faultnet"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -77,9 +77,9 @@ func wait311(t *testing.T, tok paho3.Token) {
 }
 
 // proxyTo is a TCP proxy to target whose Cut drops the open connections.
-func proxyTo(t *testing.T, target string) *lab.Proxy {
+func proxyTo(t *testing.T, target string) *faultnet.Proxy {
 	t.Helper()
-	px, err := lab.NewProxy(target)
+	px, err := faultnet.Listen(faultnet.Options{}, target)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 // ErrNotRunning is returned by Reload before Run or after Run began to
@@ -264,8 +264,8 @@ type liveDispatcher struct {
 	retired bool
 }
 
-// Handle implements mqtt.Handler.
-func (l *liveDispatcher) Handle(m *mqtt.Message, ack func()) {
+// Handle implements transport.Handler.
+func (l *liveDispatcher) Handle(m *transport.Message, ack func()) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	l.cur.Load().Handle(m, ack)
@@ -296,4 +296,4 @@ func (l *liveDispatcher) retire() []*routing.Route {
 	return l.cur.Load().Routes
 }
 
-var _ mqtt.Handler = (*liveDispatcher)(nil).Handle
+var _ transport.Handler = (*liveDispatcher)(nil).Handle

@@ -25,15 +25,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/bridge/budget"
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt311"
-	"github.com/myriarch/myriarch/internal/disclose"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -143,7 +144,7 @@ func (b *Bridge) InstanceID() string { return b.instanceID }
 // LogBudgets logs, per exclusive session, the numbers `check` discloses.
 func (b *Bridge) LogBudgets() {
 	for _, c := range b.cfg.Exclusive {
-		r := disclose.NewBridgeReport(b.cfg.Bridge.DeploymentMode, c.Assessment)
+		r := budget.NewBridgeReport(b.cfg.Bridge.DeploymentMode, c.Assessment)
 		attrs := []any{"session", c.SessionID, "lease_ttl", c.Assessment.Cadence.LeaseTTL,
 			"renew_interval", c.Assessment.Cadence.RenewInterval, "acquire_poll_interval", c.Assessment.Cadence.AcquirePollInterval,
 			"activation", c.Assessment.Policy.Activation.Bound, "broker_health_step_down", c.Assessment.Policy.BrokerHealthStepDown.String(),
@@ -279,11 +280,11 @@ type SessionStatus struct {
 	// BrokerPathLostFor is how long the owner's broker path has been
 	// lost, or not yet converged since the lease was won (the
 	// broker_health_step_down clock), in seconds.
-	BrokerPathLostFor *float64               `json:"broker_path_lost_for_s"`
-	InFlight          int64                  `json:"in_flight"`
-	Budget            *disclose.BridgeReport `json:"budget,omitempty"`
-	Routes            []string               `json:"routes"`
-	TakeoverToFull    *float64               `json:"last_takeover_to_full_s"`
+	BrokerPathLostFor *float64             `json:"broker_path_lost_for_s"`
+	InFlight          int64                `json:"in_flight"`
+	Budget            *budget.BridgeReport `json:"budget,omitempty"`
+	Routes            []string             `json:"routes"`
+	TakeoverToFull    *float64             `json:"last_takeover_to_full_s"`
 	// FailureToFull is the last failure-to-full this instance recorded as
 	// a successor (an upper bound; see the metric
 	// myriarch_bridge_failover_failure_to_full_seconds).
@@ -307,7 +308,7 @@ func (b *Bridge) Status() Status {
 type runner struct {
 	b       *Bridge
 	sess    *config.SessionSettings
-	policy  *disclose.BridgeReport
+	policy  *budget.BridgeReport
 	log     *slog.Logger
 	manager *lease.Manager
 	// Set when started: stop the runner, and its end.
@@ -326,7 +327,7 @@ type runner struct {
 	gen            int     // counts the reloads that replaced cfg
 	cur            *tenure // the tenure being served; nil between tenures
 	role           string
-	level          mqtt.Level
+	level          transport.Level
 	levelSince     time.Time
 	lastTakeover   time.Duration
 	lastFailure    time.Duration
@@ -363,7 +364,7 @@ func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runn
 		// instances would consume it at once; it runs at the baseline.
 		return nil, fmt.Errorf("exclusive session %q is used by no route", s.ID)
 	}
-	rep := disclose.NewBridgeReport(cfg.Bridge.DeploymentMode, c.Assessment)
+	rep := budget.NewBridgeReport(cfg.Bridge.DeploymentMode, c.Assessment)
 	rep.SessionID = s.ID
 	r.policy = &rep
 	r.role = "standby"
@@ -522,9 +523,9 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		// A reload replaced the routes while these were built.
 		r.refresh(context.WithoutCancel(ctx), t)
 	}
-	var subs []mqtt.Subscription
+	var subs []transport.Subscription
 	for _, t := range config.Subscriptions(cfg, r.sess.ID) {
-		subs = append(subs, mqtt.Subscription{Filter: t.Filter, QoS: t.QoS})
+		subs = append(subs, transport.Subscription{Filter: t.Filter, QoS: t.QoS})
 	}
 	clientID := r.sess.ClientID
 	if r.sess.ClientIDInstance {
@@ -538,12 +539,12 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 		}
 		return
 	}
-	s, err := newSession(r.sess.ProtocolVersion, mqtt.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
+	s, err := newSession(r.sess.ProtocolVersion, transport.Config{Brokers: r.sess.Brokers, ClientID: clientID, CleanStart: r.sess.CleanStart,
 		SessionExpiry: r.sess.SessionExpiryInterval, KeepAlive: r.sess.KeepAlive, Username: r.sess.Username,
 		Password: []byte(r.sess.Password.Reveal()), TLS: tc, ConnectTimeout: r.sess.ConnectTimeout,
 		ReconcileTimeout: r.sess.ReconcileTimeout, UnmatchedGrace: r.sess.UnmatchedGrace,
 		ReceiveMaximum: uint16(r.sess.ReceiveMaximum), Subscriptions: subs, Handler: disp.Handle,
-		OnLevel: func(l mqtt.Level) { r.onLevel(t, l) }, Logger: r.log, Tenure: guard,
+		OnLevel: func(l transport.Level) { r.onLevel(t, l) }, Logger: r.log, Tenure: guard,
 		StateFile: filepath.Join(cfg.Bridge.StateDir, cfg.Bridge.ID+"-"+r.sess.ID+".subscriptions.json")})
 	if err != nil {
 		r.log.Error("transport", "err", err)
@@ -593,7 +594,7 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 
 // transportSession is what a runner needs of a receiving session; the MQTT
 // 5 (transport/mqtt) and MQTT 3.1.1 (transport/mqtt311) sessions both
-// provide it, from the same mqtt.Config.
+// provide it, from the same transport.Config.
 type transportSession interface {
 	Run(ctx context.Context) error
 	Drain()
@@ -601,7 +602,7 @@ type transportSession interface {
 
 // newSession creates the receiving session of the session's
 // protocol_version.
-func newSession(version string, cfg mqtt.Config) (transportSession, error) {
+func newSession(version string, cfg transport.Config) (transportSession, error) {
 	if version == config.MQTT311 {
 		return mqtt311.New(cfg)
 	}
@@ -630,7 +631,7 @@ func (r *runner) drain() {
 }
 
 // onLevel is a tenure's transport reporting its service level.
-func (r *runner) onLevel(t *tenure, l mqtt.Level) {
+func (r *runner) onLevel(t *tenure, l transport.Level) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur != t {
@@ -642,7 +643,7 @@ func (r *runner) onLevel(t *tenure, l mqtt.Level) {
 		return
 	}
 	switch {
-	case l == mqtt.LevelFull:
+	case l == transport.LevelFull:
 		if !t.servedFull {
 			t.servedFull = true
 			r.lastTakeover = time.Since(t.start)
@@ -679,7 +680,7 @@ func (r *runner) ready() bool {
 	case "stepped_down":
 		return false
 	}
-	return r.level == mqtt.LevelFull
+	return r.level == transport.LevelFull
 }
 
 func (r *runner) status() SessionStatus {

@@ -23,8 +23,8 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/health"
-	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/faultnet"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -229,7 +229,7 @@ func TestBrokerPathStepDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer br.Close()
-	px, err := lab.NewProxy(br.Addr)
+	px, err := faultnet.Listen(faultnet.Options{}, br.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}

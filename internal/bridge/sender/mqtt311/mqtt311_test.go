@@ -12,10 +12,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
-	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	"github.com/myriarch/myriarch/internal/faultnet"
 	"github.com/myriarch/myriarch/internal/testnet"
 )
 
@@ -142,7 +142,7 @@ func checkOrder(t *testing.T, got []string) {
 func TestConnectionCutFailsInFlightThenRecovers(t *testing.T) {
 	eachBroker(t, func(t *testing.T, addr string) {
 		sub := subscribe(t, addr, "cut/#")
-		cut, err := lab.NewProxy(addr)
+		cut, err := faultnet.Listen(faultnet.Options{}, addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,12 +9,13 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
 // held is a message the test handler keeps with its ack.
 type held struct {
-	m   *mqtt.Message
+	m   *transport.Message
 	ack func()
 }
 
@@ -24,17 +25,17 @@ type held struct {
 func runHolding(t *testing.T, url, filter string, qos byte) (got chan held, stop func()) {
 	t.Helper()
 	got = make(chan held, 1000)
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{url}, ClientID: "ack", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
+	s, err := mqtt.New(transport.Config{Brokers: []string{url}, ClientID: "ack", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
 		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second,
-		Subscriptions: []mqtt.Subscription{{Filter: filter, QoS: qos}},
-		Handler:       func(m *mqtt.Message, ack func()) { got <- held{m, ack} }})
+		Subscriptions: []transport.Subscription{{Filter: filter, QoS: qos}},
+		Handler:       func(m *transport.Message, ack func()) { got <- held{m, ack} }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
-	waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 	return got, func() { cancel(); <-ran }
 }
 

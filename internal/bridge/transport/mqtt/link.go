@@ -11,6 +11,7 @@ import (
 	"github.com/eclipse/paho.golang/packets"
 
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 // link is one connection of a Session after its CONNACK: the goroutine
@@ -56,7 +57,7 @@ type link struct {
 
 // received is one message of a link with its acknowledgment state.
 type received struct {
-	msg   Message
+	msg   transport.Message
 	l     *link
 	id    uint16
 	qos   byte
@@ -198,7 +199,7 @@ func (l *link) publish(hdr byte, body []byte) error {
 		return err
 	}
 	r := &received{l: l, id: p.PacketID, qos: p.QoS,
-		msg: Message{Topic: p.Topic, Payload: p.Payload, QoS: p.QoS, Retain: p.Retain, Received: time.Now()}}
+		msg: transport.Message{Topic: p.Topic, Payload: p.Payload, QoS: p.QoS, Retain: p.Retain, Received: time.Now()}}
 	if len(p.Properties) > 0 {
 		pp, err := mqttconn.UnpackProperties(p.Properties)
 		if err != nil {

@@ -25,120 +25,26 @@ package mqtt
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
 
-	"github.com/myriarch/myriarch/failover"
-	"github.com/myriarch/myriarch/internal/bridge/activation"
-	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
-// Level is a session's service level.
-type Level int32
-
-// Service levels.
-const (
-	// LevelNone: not connected.
-	LevelNone Level = iota
-	// LevelDegraded: connected, but not every wanted subscription is
-	// granted (reconcile in progress or refused by the broker).
-	LevelDegraded
-	// LevelFull: connected, every wanted subscription granted, the
-	// handler registered.
-	LevelFull
-)
-
-func (l Level) String() string {
-	switch l {
-	case LevelDegraded:
-		return "degraded"
-	case LevelFull:
-		return "full"
-	}
-	return "none"
-}
-
-// Subscription is one wanted topic filter.
-type Subscription struct {
-	Filter string
-	QoS    byte
-}
-
-// Message is one received message.
-type Message struct {
-	Topic    string
-	Payload  []byte
-	QoS      byte
-	Retain   bool
-	Received time.Time
-	// Properties are the MQTT 5 properties carried on (nil: none).
-	Properties *sender.Properties
-}
-
-// Handler receives every message in arrival order from one goroutine.
-// It must call ack exactly once, when the message may be forgotten; it may
-// block, which is the backpressure that bounds what the bridge holds (the
-// broker then stops at the session's receive maximum).
-type Handler func(m *Message, ack func())
-
-// Config configures a Session.
-type Config struct {
-	Brokers          []string
-	ClientID         string
-	CleanStart       bool
-	SessionExpiry    time.Duration
-	KeepAlive        time.Duration
-	Username         string
-	Password         []byte
-	TLS              *tls.Config
-	ConnectTimeout   time.Duration
-	ReconcileTimeout time.Duration
-	UnmatchedGrace   time.Duration
-	ReceiveMaximum   uint16
-	Subscriptions    []Subscription
-	Handler          Handler
-	// OnLevel is called on every service-level change, from the
-	// session's goroutine; it must not block.
-	OnLevel func(Level)
-	Logger  *slog.Logger
-	// StateFile, if set, remembers the filters this client_id subscribed,
-	// so that a resumed session's filters that the configuration no longer
-	// wants are unsubscribed during activation. MQTT cannot list a
-	// session's subscriptions, so without it they stay until the session
-	// expires (their messages are acknowledged and dropped).
-	StateFile string
-	// Tenure, if set, is the lease tenure the session works for. It is
-	// checked at every point of action: before each connection attempt
-	// (so a deposed owner never reconnects with the shared client_id and
-	// kicks its successor off the broker session), before a message is
-	// handed to the handler, and before an acknowledgment. Once it is
-	// invalid, Run returns without connecting again.
-	Tenure fence.Tenure
-}
-
-// ErrTenureEnded is returned by Run when the session's tenure is no longer
-// valid.
-var ErrTenureEnded = errors.New("mqtt session: the lease tenure ended")
-
-// Activation is the bound this transport declares to the failover package.
-func (c Config) Activation() (failover.Activation, error) {
-	return activation.MQTT(c.ConnectTimeout, c.ReconcileTimeout, c.UnmatchedGrace)
-}
+func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Valid() }
 
 // Session is one broker session. Create it with New, run it with Run.
 type Session struct {
-	cfg   Config
+	cfg   transport.Config
 	log   *slog.Logger
 	level atomic.Int32
 
@@ -151,7 +57,7 @@ type Session struct {
 }
 
 // New validates cfg and returns a session that is not yet connected.
-func New(cfg Config) (*Session, error) {
+func New(cfg transport.Config) (*Session, error) {
 	if len(cfg.Brokers) == 0 || cfg.ClientID == "" || cfg.Handler == nil {
 		return nil, errors.New("mqtt session: Brokers, ClientID and Handler are required")
 	}
@@ -168,14 +74,14 @@ func New(cfg Config) (*Session, error) {
 }
 
 // Level returns the current service level.
-func (s *Session) Level() Level { return Level(s.level.Load()) }
+func (s *Session) Level() transport.Level { return transport.Level(s.level.Load()) }
 
 // Unmatched counts messages that matched no wanted filter (residue of
 // removed subscriptions); they are acknowledged and dropped.
 func (s *Session) Unmatched() int64 { return s.unmatched.Load() }
 
-func (s *Session) setLevel(l Level) {
-	if Level(s.level.Swap(int32(l))) != l && s.cfg.OnLevel != nil {
+func (s *Session) setLevel(l transport.Level) {
+	if transport.Level(s.level.Swap(int32(l))) != l && s.cfg.OnLevel != nil {
 		s.cfg.OnLevel(l)
 	}
 }
@@ -188,52 +94,9 @@ func (s *Session) Drain() { s.draining.Store(true) }
 // a loss. It returns when ctx ends, after a clean DISCONNECT that keeps the
 // broker session (session expiry) so that a successor resumes it.
 func (s *Session) Run(ctx context.Context) error {
-	defer s.setLevel(LevelNone)
-	return Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(LevelNone) }, s.cfg.ConnectTimeout, s.log)
+	defer s.setLevel(transport.LevelNone)
+	return transport.Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(transport.LevelNone) }, s.cfg.ConnectTimeout, s.log)
 }
-
-// Reconnect is a session's life, for either protocol version: connection
-// after connection, with a backoff from 100ms doubling up to
-// max(1s, connect_timeout) (reset after a connection that lasted 10s),
-// until ctx ends (nil) or the tenure is invalid (ErrTenureEnded, checked
-// before every connection, so that an ended tenure never takes the
-// client_id back). down is called after each connection ends.
-func Reconnect(ctx context.Context, valid func() bool, connection func(ctx context.Context, attempt int) error, down func(),
-	connectTimeout time.Duration, log *slog.Logger) error {
-	backoff := 100 * time.Millisecond
-	attempt := 0
-	for {
-		if !valid() {
-			log.Warn("lease tenure ended; not connecting")
-			return ErrTenureEnded
-		}
-		start := time.Now()
-		err := connection(ctx, attempt)
-		down()
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, ErrTenureEnded) {
-			return err
-		}
-		attempt++
-		if time.Since(start) > 10*time.Second {
-			backoff = 100 * time.Millisecond
-		}
-		log.Warn("mqtt session lost; reconnecting", "err", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, max(time.Second, connectTimeout))
-	}
-}
-
-func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Valid() }
-
-// ErrActivation wraps an activation step that ran out of its time.
-var ErrActivation = errors.New("mqtt activation")
 
 // connection runs one connection: activation, then serving until loss.
 func (s *Session) connection(ctx context.Context, attempt int) error {
@@ -246,7 +109,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	// Connect: at most two attempts, each within connect_timeout.
 	for try := range 2 {
 		if !s.valid() {
-			return ErrTenureEnded
+			return transport.ErrTenureEnded
 		}
 		broker := s.cfg.Brokers[(attempt*2+try)%len(s.cfg.Brokers)]
 		l, err = s.connect(actCtx, broker)
@@ -262,7 +125,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 		return err
 	}
 	defer l.close(true)
-	s.setLevel(LevelDegraded)
+	s.setLevel(transport.LevelDegraded)
 
 	// Reconcile: one UNSUBSCRIBE for the filters a resumed session holds
 	// that the configuration no longer wants, one SUBSCRIBE for every
@@ -272,34 +135,34 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	if !s.SessionPresent() {
 		previous = nil // a new broker session holds no subscriptions
 	}
-	if stale := StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
+	if stale := transport.StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
 		if err := s.unsubscribe(actCtx, l, stale); err != nil {
-			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
+			return fmt.Errorf("%w: unsubscribe removed filters: %v", transport.ErrActivation, err)
 		}
 		s.log.Info("unsubscribed filters no longer configured", "filters", stale)
 		previous = nil
 	}
 	granted, err := s.subscribe(actCtx, l, s.cfg.Subscriptions)
 	if err != nil {
-		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
+		return fmt.Errorf("%w: subscribe: %v", transport.ErrActivation, err)
 	}
-	if missing := MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		g2, err := s.subscribe(actCtx, l, missing)
 		if err != nil {
-			return fmt.Errorf("%w: subscribe retry: %v", ErrActivation, err)
+			return fmt.Errorf("%w: subscribe retry: %v", transport.ErrActivation, err)
 		}
 		for k := range g2 {
 			granted[k] = true
 		}
 	}
 	s.state().Save(previous, granted)
-	if missing := MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
 	} else {
 		s.mu.Lock()
 		s.activatedAt = time.Now()
 		s.mu.Unlock()
-		s.setLevel(LevelFull)
+		s.setLevel(transport.LevelFull)
 	}
 	// What arrived during activation is handed on now, then every
 	// message as the reading goroutine decodes it.
@@ -315,7 +178,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	}
 }
 
-func filters(subs []Subscription) []string {
+func filters(subs []transport.Subscription) []string {
 	out := make([]string, len(subs))
 	for i, s := range subs {
 		out[i] = s.Filter
@@ -329,7 +192,7 @@ func filters(subs []Subscription) []string {
 // whose identifier equals one of the messages it is redelivering to a
 // resumed session (reason 0x91); the next try takes the next identifier,
 // so such refusals are retried at once, within the same timeout.
-func (s *Session) subscribe(ctx context.Context, l *link, subs []Subscription) (map[string]bool, error) {
+func (s *Session) subscribe(ctx context.Context, l *link, subs []transport.Subscription) (map[string]bool, error) {
 	granted := map[string]bool{}
 	if len(subs) == 0 {
 		return granted, nil
@@ -444,7 +307,7 @@ func (s *Session) connect(ctx context.Context, broker string) (*link, error) {
 			return nil, fmt.Errorf("CONNACK reason code %d: %s", ca.ReasonCode, ca.Reason())
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("%w: connect_timeout %v passed: %v", ErrActivation, s.cfg.ConnectTimeout, err)
+			return nil, fmt.Errorf("%w: connect_timeout %v passed: %v", transport.ErrActivation, s.cfg.ConnectTimeout, err)
 		}
 		return nil, err
 	}
@@ -540,42 +403,14 @@ func (s *Session) handOn(r *received) {
 }
 func (s *Session) wanted(topic string) bool {
 	for _, sub := range s.cfg.Subscriptions {
-		if Match(sub.Filter, topic) {
+		if transport.Match(sub.Filter, topic) {
 			return true
 		}
 	}
 	return false
 }
 
-// Match reports whether topic matches filter; a $share/<group>/ prefix is
-// ignored, and wildcards do not match topics starting with '$'.
-func Match(filter, topic string) bool {
-	if rest, ok := strings.CutPrefix(filter, "$share/"); ok {
-		if _, f, ok := strings.Cut(rest, "/"); ok {
-			filter = f
-		}
-	}
-	if strings.HasPrefix(topic, "$") && (strings.HasPrefix(filter, "+") || strings.HasPrefix(filter, "#")) {
-		return false
-	}
-	for {
-		fl, frest, fmore := strings.Cut(filter, "/")
-		tl, trest, tmore := strings.Cut(topic, "/")
-		switch {
-		case fl == "#":
-			return true
-		case fl != "+" && fl != tl:
-			return false
-		}
-		if !fmore || !tmore {
-			// "a/#" also matches "a".
-			return fmore == tmore || (!tmore && frest == "#")
-		}
-		filter, topic = frest, trest
-	}
-}
-
 // state is the session's subscription state file.
-func (s *Session) state() SubscriptionState {
-	return SubscriptionState{File: s.cfg.StateFile, ClientID: s.cfg.ClientID, Log: s.log}
+func (s *Session) state() transport.SubscriptionState {
+	return transport.SubscriptionState{File: s.cfg.StateFile, ClientID: s.cfg.ClientID, Log: s.log}
 }

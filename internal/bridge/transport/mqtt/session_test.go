@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/testnet"
 )
@@ -43,14 +44,14 @@ func TestMatch(t *testing.T) {
 		{"a/#", "a", true}, {"#", "a/b", true}, {"#", "$SYS/x", false}, {"+/b", "$SYS/b", false},
 		{"$share/g/a/+", "a/x", true}, {"a/b", "a/c", false}, {"a/+/c", "a//c", true}, {"a", "a/b", false},
 	} {
-		if got := mqtt.Match(c.filter, c.topic); got != c.want {
+		if got := transport.Match(c.filter, c.topic); got != c.want {
 			t.Errorf("Match(%q, %q) = %v", c.filter, c.topic, got)
 		}
 	}
 }
 
 func TestActivationBound(t *testing.T) {
-	act, err := mqtt.Config{ConnectTimeout: 30 * time.Second, ReconcileTimeout: 30 * time.Second, UnmatchedGrace: 30 * time.Second}.Activation()
+	act, err := transport.Config{ConnectTimeout: 30 * time.Second, ReconcileTimeout: 30 * time.Second, UnmatchedGrace: 30 * time.Second}.Activation()
 	if err != nil || act.Bound != 240*time.Second {
 		t.Fatalf("bound %v, %v", act.Bound, err)
 	}
@@ -80,9 +81,9 @@ func TestConnectTimeoutEndsEachAttempt(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{"tcp://" + l.Addr().String()}, ClientID: "x",
+	s, err := mqtt.New(transport.Config{Brokers: []string{"tcp://" + l.Addr().String()}, ClientID: "x",
 		ConnectTimeout: 100 * time.Millisecond, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second,
-		Handler: func(*mqtt.Message, func()) {}})
+		Handler: func(*transport.Message, func()) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestConnectTimeoutEndsEachAttempt(t *testing.T) {
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
 	waitFor(t, "three bounded attempts", func() bool { return accepted.Load() >= 3 })
-	if s.Level() != mqtt.LevelNone {
+	if s.Level() != transport.LevelNone {
 		t.Fatalf("level %v without a CONNACK", s.Level())
 	}
 	cancel()
@@ -115,12 +116,12 @@ func TestServiceLevelFollowsBrokerPath(t *testing.T) {
 	// gets a fresh port behind it.
 	r := testnet.NewRelay(t, b.Addr)
 	var mu sync.Mutex
-	var levels []mqtt.Level
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{"tcp://" + r.Addr()}, ClientID: "lv", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
+	var levels []transport.Level
+	s, err := mqtt.New(transport.Config{Brokers: []string{"tcp://" + r.Addr()}, ClientID: "lv", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
 		ConnectTimeout: time.Second, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second,
-		Subscriptions: []mqtt.Subscription{{Filter: "a/#", QoS: 1}},
-		Handler:       func(_ *mqtt.Message, ack func()) { ack() },
-		OnLevel: func(l mqtt.Level) {
+		Subscriptions: []transport.Subscription{{Filter: "a/#", QoS: 1}},
+		Handler:       func(_ *transport.Message, ack func()) { ack() },
+		OnLevel: func(l transport.Level) {
 			mu.Lock()
 			levels = append(levels, l)
 			mu.Unlock()
@@ -131,22 +132,22 @@ func TestServiceLevelFollowsBrokerPath(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
-	waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 	r.SetTarget("")
 	_ = b.Close()
-	waitFor(t, "none", func() bool { return s.Level() == mqtt.LevelNone })
+	waitFor(t, "none", func() bool { return s.Level() == transport.LevelNone })
 	b2, err := embroker.Start("", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b2.Close()
 	r.SetTarget(b2.Addr)
-	waitFor(t, "full again", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "full again", func() bool { return s.Level() == transport.LevelFull })
 	cancel()
 	<-ran
 	mu.Lock()
 	defer mu.Unlock()
-	want := []mqtt.Level{mqtt.LevelDegraded, mqtt.LevelFull, mqtt.LevelNone, mqtt.LevelDegraded, mqtt.LevelFull, mqtt.LevelNone}
+	want := []transport.Level{transport.LevelDegraded, transport.LevelFull, transport.LevelNone, transport.LevelDegraded, transport.LevelFull, transport.LevelNone}
 	if len(levels) != len(want) {
 		t.Fatalf("levels %v, want %v", levels, want)
 	}
@@ -168,20 +169,20 @@ func TestReconcileUnsubscribesRemovedFilters(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "subs.json")
 	var got sync.Map
 	run := func(filters ...string) func() {
-		var subs []mqtt.Subscription
+		var subs []transport.Subscription
 		for _, f := range filters {
-			subs = append(subs, mqtt.Subscription{Filter: f, QoS: 1})
+			subs = append(subs, transport.Subscription{Filter: f, QoS: 1})
 		}
-		s, err := mqtt.New(mqtt.Config{Brokers: []string{b.URL}, ClientID: "rc", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
+		s, err := mqtt.New(transport.Config{Brokers: []string{b.URL}, ClientID: "rc", SessionExpiry: time.Hour, KeepAlive: 5 * time.Second,
 			ConnectTimeout: time.Second, ReconcileTimeout: time.Second, UnmatchedGrace: time.Second, StateFile: state,
-			Subscriptions: subs, Handler: func(m *mqtt.Message, ack func()) { got.Store(m.Topic, true); ack() }})
+			Subscriptions: subs, Handler: func(m *transport.Message, ack func()) { got.Store(m.Topic, true); ack() }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan struct{})
 		go func() { defer close(ran); _ = s.Run(ctx) }()
-		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 		return func() { cancel(); <-ran }
 	}
 	stop := run("a/#", "b/#")
@@ -238,8 +239,8 @@ func TestEndedTenureDoesNotReconnect(t *testing.T) {
 	}()
 	ten := &switchTenure{}
 	ten.ok.Store(true)
-	s, err := mqtt.New(mqtt.Config{Brokers: []string{"tcp://" + l.Addr().String()}, ClientID: "c", ConnectTimeout: time.Second,
-		ReconcileTimeout: time.Second, UnmatchedGrace: time.Second, Handler: func(*mqtt.Message, func()) {}, Tenure: ten})
+	s, err := mqtt.New(transport.Config{Brokers: []string{"tcp://" + l.Addr().String()}, ClientID: "c", ConnectTimeout: time.Second,
+		ReconcileTimeout: time.Second, UnmatchedGrace: time.Second, Handler: func(*transport.Message, func()) {}, Tenure: ten})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,8 +252,8 @@ func TestEndedTenureDoesNotReconnect(t *testing.T) {
 	ten.ok.Store(false)
 	select {
 	case err := <-done:
-		if !errors.Is(err, mqtt.ErrTenureEnded) {
-			t.Fatalf("Run = %v, want ErrTenureEnded", err)
+		if !errors.Is(err, transport.ErrTenureEnded) {
+			t.Fatalf("Run = %v, want transport.ErrTenureEnded", err)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run kept reconnecting after its tenure ended")

@@ -10,6 +10,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 )
 
@@ -25,19 +26,19 @@ func BenchmarkReceiveQoS1(b *testing.B) {
 	url := "tcp://" + m.Addr
 	type runner interface {
 		Run(context.Context) error
-		Level() mqtt.Level
+		Level() transport.Level
 	}
 	for _, c := range []struct {
 		name string
-		open func(mqtt.Config) (runner, error)
+		open func(transport.Config) (runner, error)
 	}{
-		{"mqtt311", func(cfg mqtt.Config) (runner, error) { return New(cfg) }},
-		{"mqtt5", func(cfg mqtt.Config) (runner, error) { return mqtt.New(cfg) }},
+		{"mqtt311", func(cfg transport.Config) (runner, error) { return New(cfg) }},
+		{"mqtt5", func(cfg transport.Config) (runner, error) { return mqtt.New(cfg) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var got atomic.Int64
-			cfg := testConfig(url, "bench-"+c.name, func(_ *mqtt.Message, ack func()) { got.Add(1); ack() })
-			cfg.Subscriptions = []mqtt.Subscription{{Filter: "bench/#", QoS: 1}}
+			cfg := testConfig(url, "bench-"+c.name, func(_ *transport.Message, ack func()) { got.Add(1); ack() })
+			cfg.Subscriptions = []transport.Subscription{{Filter: "bench/#", QoS: 1}}
 			s, err := c.open(cfg)
 			if err != nil {
 				b.Fatal(err)
@@ -47,7 +48,7 @@ func BenchmarkReceiveQoS1(b *testing.B) {
 			go func() { defer close(ran); _ = s.Run(ctx) }()
 			defer func() { cancel(); <-ran }()
 			deadline := time.Now().Add(30 * time.Second)
-			for s.Level() != mqtt.LevelFull {
+			for s.Level() != transport.LevelFull {
 				if time.Now().After(deadline) {
 					b.Fatal("session not full")
 				}

@@ -42,20 +42,20 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/myriarch/myriarch/internal/bridge/paho311"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
 // ErrTenureEnded is returned by Run when the session's tenure is no longer
 // valid (the MQTT 5 transport's error, so callers test one value).
-var ErrTenureEnded = mqtt.ErrTenureEnded
+var ErrTenureEnded = transport.ErrTenureEnded
 
 // ErrActivation wraps an activation step that ran out of its time.
-var ErrActivation = mqtt.ErrActivation
+var ErrActivation = transport.ErrActivation
 
 // Session is one MQTT 3.1.1 broker session. Create it with New, run it
 // with Run.
 type Session struct {
-	cfg   mqtt.Config
+	cfg   transport.Config
 	log   *slog.Logger
 	level atomic.Int32
 
@@ -69,7 +69,7 @@ type Session struct {
 
 // New validates cfg and returns a session that is not yet connected. The
 // MQTT 5 settings SessionExpiry and ReceiveMaximum do not apply; CleanStart is MQTT 3.1.1's CleanSession.
-func New(cfg mqtt.Config) (*Session, error) {
+func New(cfg transport.Config) (*Session, error) {
 	if len(cfg.Brokers) == 0 || cfg.ClientID == "" || cfg.Handler == nil {
 		return nil, errors.New("mqtt 3.1.1 session: Brokers, ClientID and Handler are required")
 	}
@@ -88,7 +88,7 @@ func New(cfg mqtt.Config) (*Session, error) {
 }
 
 // Level returns the current service level.
-func (s *Session) Level() mqtt.Level { return mqtt.Level(s.level.Load()) }
+func (s *Session) Level() transport.Level { return transport.Level(s.level.Load()) }
 
 // Unmatched counts messages that matched no wanted filter (residue of
 // removed subscriptions); they are acknowledged and dropped.
@@ -106,8 +106,8 @@ func (s *Session) SessionPresent() bool {
 // unacknowledged in the broker session for the next connection or owner.
 func (s *Session) Drain() { s.draining.Store(true) }
 
-func (s *Session) setLevel(l mqtt.Level) {
-	if mqtt.Level(s.level.Swap(int32(l))) != l && s.cfg.OnLevel != nil {
+func (s *Session) setLevel(l transport.Level) {
+	if transport.Level(s.level.Swap(int32(l))) != l && s.cfg.OnLevel != nil {
 		s.cfg.OnLevel(l)
 	}
 }
@@ -119,8 +119,8 @@ func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Vali
 // broker session (CleanSession false) for a successor, or with
 // ErrTenureEnded once the tenure is invalid: it never connects after that.
 func (s *Session) Run(ctx context.Context) error {
-	defer s.setLevel(mqtt.LevelNone)
-	return mqtt.Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(mqtt.LevelNone) }, s.cfg.ConnectTimeout, s.log)
+	defer s.setLevel(transport.LevelNone)
+	return transport.Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(transport.LevelNone) }, s.cfg.ConnectTimeout, s.log)
 }
 
 // connection runs one connection: activation, then serving until loss.
@@ -157,7 +157,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 		// (one writer, in order); the quiesce bounds the wait for it.
 		cli.Disconnect(250)
 	}()
-	s.setLevel(mqtt.LevelDegraded)
+	s.setLevel(transport.LevelDegraded)
 
 	// Reconcile: UNSUBSCRIBE the filters a resumed session holds that the
 	// configuration no longer wants, SUBSCRIBE every wanted filter, and the
@@ -166,7 +166,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	if !s.SessionPresent() {
 		previous = nil // a new broker session holds no subscriptions
 	}
-	if stale := mqtt.StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
+	if stale := transport.StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
 		if err := s.wait(actCtx, cli.Unsubscribe(stale...)); err != nil {
 			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
 		}
@@ -177,7 +177,7 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	if err != nil {
 		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
 	}
-	if missing := mqtt.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		g2, err := s.subscribe(actCtx, cli, missing)
 		if err != nil {
 			return fmt.Errorf("%w: subscribe retry: %v", ErrActivation, err)
@@ -187,13 +187,13 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 		}
 	}
 	s.state().Save(previous, granted)
-	if missing := mqtt.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
+	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
 		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
 	} else {
 		s.mu.Lock()
 		s.activatedAt = time.Now()
 		s.mu.Unlock()
-		s.setLevel(mqtt.LevelFull)
+		s.setLevel(transport.LevelFull)
 	}
 
 	select {
@@ -224,7 +224,7 @@ func (s *Session) wait(ctx context.Context, tok paho.Token) error {
 // plain failure code 0x80 for every filter. In a resumed session such a
 // SUBACK is sent again at once (Paho moves to the next identifier), within
 // the same timeout.
-func (s *Session) subscribe(ctx context.Context, cli paho.Client, subs []mqtt.Subscription) (map[string]bool, error) {
+func (s *Session) subscribe(ctx context.Context, cli paho.Client, subs []transport.Subscription) (map[string]bool, error) {
 	granted := map[string]bool{}
 	if len(subs) == 0 {
 		return granted, nil
@@ -318,12 +318,12 @@ func (s *Session) onMessage(m paho.Message, acks *acker) {
 		ack()
 		return
 	}
-	s.cfg.Handler(&mqtt.Message{Topic: m.Topic(), Payload: m.Payload(), QoS: m.Qos(), Retain: m.Retained(), Received: time.Now()}, ack)
+	s.cfg.Handler(&transport.Message{Topic: m.Topic(), Payload: m.Payload(), QoS: m.Qos(), Retain: m.Retained(), Received: time.Now()}, ack)
 }
 
 func (s *Session) wanted(topic string) bool {
 	for _, sub := range s.cfg.Subscriptions {
-		if mqtt.Match(sub.Filter, topic) {
+		if transport.Match(sub.Filter, topic) {
 			return true
 		}
 	}
@@ -381,7 +381,7 @@ func (a *acker) release(p *pending) {
 	}
 }
 
-func filters(subs []mqtt.Subscription) []string {
+func filters(subs []transport.Subscription) []string {
 	out := make([]string, len(subs))
 	for i, s := range subs {
 		out[i] = s.Filter
@@ -390,6 +390,6 @@ func filters(subs []mqtt.Subscription) []string {
 }
 
 // state is the session's subscription state file.
-func (s *Session) state() mqtt.SubscriptionState {
-	return mqtt.SubscriptionState{File: s.cfg.StateFile, ClientID: s.cfg.ClientID, Log: s.log}
+func (s *Session) state() transport.SubscriptionState {
+	return transport.SubscriptionState{File: s.cfg.StateFile, ClientID: s.cfg.ClientID, Log: s.log}
 }

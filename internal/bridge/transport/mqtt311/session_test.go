@@ -16,8 +16,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
-	"github.com/myriarch/myriarch/internal/bridge/lab"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
+	"github.com/myriarch/myriarch/internal/faultnet"
 )
 
 // fakeMessage records its acknowledgment.
@@ -81,12 +81,12 @@ func (f *flagTenure) Valid() bool { return f.ok.Load() }
 // ordering of acknowledgments is exercised.
 type record struct {
 	mu    sync.Mutex
-	msgs  []*mqtt.Message
+	msgs  []*transport.Message
 	prev  func()
 	acked atomic.Int64 // acknowledgments handed to the session
 }
 
-func (r *record) handle(m *mqtt.Message, ack func()) {
+func (r *record) handle(m *transport.Message, ack func()) {
 	r.mu.Lock()
 	r.msgs = append(r.msgs, m)
 	prev := r.prev
@@ -112,13 +112,13 @@ func (r *record) payloads() []string {
 	return out
 }
 
-func testConfig(url, clientID string, h mqtt.Handler) mqtt.Config {
-	return mqtt.Config{Brokers: []string{url}, ClientID: clientID, KeepAlive: 5 * time.Second,
+func testConfig(url, clientID string, h transport.Handler) transport.Config {
+	return transport.Config{Brokers: []string{url}, ClientID: clientID, KeepAlive: 5 * time.Second,
 		ConnectTimeout: 5 * time.Second, ReconcileTimeout: 5 * time.Second, UnmatchedGrace: time.Second,
-		Subscriptions: []mqtt.Subscription{{Filter: "t/#", QoS: 1}}, Handler: h}
+		Subscriptions: []transport.Subscription{{Filter: "t/#", QoS: 1}}, Handler: h}
 }
 
-func start(t *testing.T, cfg mqtt.Config) (*Session, func() error) {
+func start(t *testing.T, cfg transport.Config) (*Session, func() error) {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
@@ -149,7 +149,7 @@ func TestResumedSession(t *testing.T) {
 		rec := &record{}
 		cfg := testConfig(b.url, "plant-bridge", rec.handle)
 		s, stop := start(t, cfg)
-		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 		if s.SessionPresent() {
 			t.Fatal("a new broker session reported as present")
 		}
@@ -189,7 +189,7 @@ func TestResumedSession(t *testing.T) {
 // order).
 func TestAtLeastOnceAcrossACutConnection(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
-		cut, err := lab.NewProxy(b.addr)
+		cut, err := faultnet.Listen(faultnet.Options{}, b.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +197,7 @@ func TestAtLeastOnceAcrossACutConnection(t *testing.T) {
 		rec := &record{}
 		cfg := testConfig("tcp://"+cut.Addr(), "alo-bridge", rec.handle)
 		s, _ := start(t, cfg)
-		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 		p := publisher(t, b.url)
 		const n = 300
 		for i := range n {
@@ -285,7 +285,7 @@ func TestTenureEndedNoReconnectNoDelivery(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { ran <- s.Run(ctx) }()
-	waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 	p := publisher(t, b.URL)
 	for i := range 4 {
 		publish(t, p, "t/a", 1, strconv.Itoa(i))
@@ -327,7 +327,7 @@ func TestTenureEndedNoReconnectNoDelivery(t *testing.T) {
 // after two connect attempts, one that answers CONNECT but never SUBACK
 // after one reconcile_timeout, both well within the declared bound.
 func TestActivationBoundHonoured(t *testing.T) {
-	cfg := testConfig("", "act", func(*mqtt.Message, func()) {})
+	cfg := testConfig("", "act", func(*transport.Message, func()) {})
 	cfg.ConnectTimeout, cfg.ReconcileTimeout, cfg.UnmatchedGrace = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
 	act, err := cfg.Activation()
 	if err != nil || act.Bound != 2*300*time.Millisecond+4*300*time.Millisecond+2*300*time.Millisecond {
@@ -398,7 +398,7 @@ func TestActivationBoundHonoured(t *testing.T) {
 			if n := accepted.Load(); n != c.tries {
 				t.Fatalf("%d connect attempts, want %d", n, c.tries)
 			}
-			if s.Level() != mqtt.LevelNone && c.tries == 2 {
+			if s.Level() != transport.LevelNone && c.tries == 2 {
 				t.Fatalf("level %v without a CONNACK", s.Level())
 			}
 			t.Logf("%s: activation ended after %v (declared bound %v)", c.name, took.Round(time.Millisecond), act.Bound)
@@ -420,7 +420,7 @@ func TestRetainedMessages(t *testing.T) {
 		rec := &record{}
 		cfg := testConfig(b.url, "retain-bridge", rec.handle)
 		s, stop := start(t, cfg)
-		waitFor(t, "full", func() bool { return s.Level() == mqtt.LevelFull })
+		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
 		waitFor(t, "the retained message", func() bool { return len(rec.payloads()) >= 1 })
 		if tok := p.Publish("t/live", 1, true, "live"); !tok.WaitTimeout(20*time.Second) || tok.Error() != nil {
 			t.Fatal(tok.Error())

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
-	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/testpki"
 )
 
@@ -23,19 +23,19 @@ func TestTLSAndCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	cfg := testConfig(b.URL, "tls-bridge", func(_ *mqtt.Message, ack func()) { ack() })
+	cfg := testConfig(b.URL, "tls-bridge", func(_ *transport.Message, ack func()) { ack() })
 	cfg.ConnectTimeout = 5 * time.Second
 	cfg.Username, cfg.Password, cfg.TLS = "bridge", []byte("s3cret"), clientTLS
 	s, _ := start(t, cfg)
-	waitFor(t, "full over TLS with credentials", func() bool { return s.Level() == mqtt.LevelFull })
+	waitFor(t, "full over TLS with credentials", func() bool { return s.Level() == transport.LevelFull })
 
 	for _, c := range []struct {
 		name string
-		edit func(*mqtt.Config)
+		edit func(*transport.Config)
 		want string
 	}{
-		{"another CA", func(c *mqtt.Config) { c.TLS = otherCA }, "certificate signed by unknown authority"},
-		{"wrong password", func(c *mqtt.Config) { c.Password = []byte("guess") }, "broker refused the connection (CONNACK return code 5): not Authorized"},
+		{"another CA", func(c *transport.Config) { c.TLS = otherCA }, "certificate signed by unknown authority"},
+		{"wrong password", func(c *transport.Config) { c.Password = []byte("guess") }, "broker refused the connection (CONNACK return code 5): not Authorized"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			bad := cfg

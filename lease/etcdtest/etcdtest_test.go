@@ -16,11 +16,11 @@ import (
 func TestStartRetriesATakenPort(t *testing.T) {
 	held := url.URL{Scheme: "http", Host: testnet.DeadAddr(t)}
 	picks := 0
-	pickURL = func(t testing.TB) url.URL {
+	pickURL = func() (url.URL, error) {
 		if picks++; picks == 1 {
-			return held
+			return held, nil
 		}
-		return freeURL(t)
+		return freeURL()
 	}
 	defer func() { pickURL = freeURL }()
 	s := Start(t)

@@ -1,4 +1,4 @@
-package disclose
+package budget
 
 import (
 	"strings"

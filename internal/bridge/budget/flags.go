@@ -1,4 +1,4 @@
-package budgetcmd
+package budget
 
 import (
 	"flag"
@@ -68,7 +68,7 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 		if s == "" {
 			return 0
 		}
-		d, err := parseDur(flagName, field, s, allowZero)
+		d, err := disclose.ParseDur(flagName, field, s, allowZero)
 		if err != nil {
 			errs = append(errs, err.Error())
 		}
@@ -114,7 +114,7 @@ func (f *BridgeFlags) Parse(args []string) (failover.SessionPolicy, []string, er
 
 // AddQueueRoom parses --peak-message-rate and --broker-max-queued-messages
 // and adds the queue-room admission to r; a bad value refuses r.
-func (f *BridgeFlags) AddQueueRoom(r *disclose.BridgeReport) {
+func (f *BridgeFlags) AddQueueRoom(r *BridgeReport) {
 	var errs []string
 	rate, limit := 0.0, -1
 	if *f.peakRate != "" {
@@ -136,5 +136,20 @@ func (f *BridgeFlags) AddQueueRoom(r *disclose.BridgeReport) {
 		r.Errors = append(r.Errors, errs...)
 		return
 	}
-	r.WithQueueRoom(queueroom.Assess(rate, limit, disclose.WorstBudget(r.Assessment())))
+	r.WithQueueRoom(queueroom.Assess(rate, limit, WorstBudget(r.Assessment())))
+}
+
+// RunBridgeBudget implements `myriarch-bridge budget`. With --json the
+// object is printed to stdout whatever the outcome; errors also go to
+// stderr; the status is 2 for invalid input or a refused objective.
+func RunBridgeBudget(args []string, stdout, stderr io.Writer) int {
+	f := NewBridgeFlags("myriarch-bridge budget", stderr)
+	p, inputErrs, err := f.Parse(args)
+	mode, _ := leasemode.Parse(*f.mode) // refused by Parse
+	if err != nil {
+		return disclose.FlagError("myriarch-bridge budget", args, err, BridgeBudget(mode, p, []string{err.Error()}), stdout, stderr)
+	}
+	r := BridgeBudget(mode, p, inputErrs)
+	f.AddQueueRoom(&r)
+	return disclose.Report(*f.JSON, r, func() { WriteBridgeTable(stdout, r) }, r.Errors, r.Admitted, stdout, stderr)
 }

@@ -1,4 +1,4 @@
-package budgetcmd
+package budget
 
 import (
 	"bytes"

@@ -1,22 +1,22 @@
-// Package disclose is the data of what the two daemons disclose about their
-// failover arithmetic: the stable JSON objects of `myriarch-bridge budget`
-// (also each session of `check` and the bridge's /status) and `myriarchd
-// budget`, and their readable tables. It is called with values (an
-// assessment, durations); the command-line front end is package
-// disclose/budgetcmd. The docs generator renders its tables from the same
-// reports, so the docs cannot say something the binaries do not.
-package disclose
+// Package budget is what myriarch-bridge discloses about its failover
+// arithmetic: the stable JSON object of `myriarch-bridge budget` (also each
+// session of `check` and the bridge's /status), its readable table, and
+// the command's front end (flags, exit statuses). It is called with
+// values (an assessment, durations). The docs generator renders its tables
+// from the same reports, so the docs cannot say something the binary does
+// not.
+package budget
 
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 	"github.com/myriarch/myriarch/internal/bridge/queueroom"
+	"github.com/myriarch/myriarch/internal/disclose"
 )
 
 // BridgeReport is the JSON object of `myriarch-bridge budget --json` and,
@@ -57,10 +57,7 @@ type BridgeReport struct {
 	assessment              failover.Assessment
 }
 
-func secs(d time.Duration) *float64 {
-	v := d.Seconds()
-	return &v
-}
+var secs = disclose.Secs
 
 // renameWords states failover's warnings in the bridge's keys.
 func renameWords(ws []string) []string {
@@ -150,11 +147,6 @@ func (r *BridgeReport) WithQueueRoom(q failover.QueueRoom) {
 	}
 }
 
-// Seconds formats d as seconds with no trailing zeros, e.g. "1097.5s".
-func Seconds(d time.Duration) string {
-	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
-}
-
 // brokerPathStance says in one sentence where broker-path failover stands;
 // the bridge logs it at every start.
 func brokerPathStance(a failover.Assessment) string {
@@ -218,7 +210,7 @@ func WriteBridgeTable(w io.Writer, r BridgeReport) {
 		if b == nil {
 			return
 		}
-		fmt.Fprintf(tw, "\n%s: %s (%v)\n", title, Seconds(b.Total), b.Total)
+		fmt.Fprintf(tw, "\n%s: %s (%v)\n", title, disclose.Seconds(b.Total), b.Total)
 		for _, t := range b.Terms {
 			fmt.Fprintf(tw, "  + %s\t%v\t%s\n", t.Name, t.Value, t.Why)
 		}

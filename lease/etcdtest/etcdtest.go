@@ -1,11 +1,15 @@
-// Package etcdtest runs an embedded single-member etcd on loopback free
-// ports for tests, and can stop and restart it on the same ports and data.
+// Package etcdtest runs an embedded single-member etcd on free loopback
+// ports, for the tests of the etcd lease store and for labs, and can stop
+// and restart it on the same ports and data. It is the one embedded-etcd
+// starter of the module: production binaries never link it.
 package etcdtest
 
 import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -29,39 +33,59 @@ type Server struct {
 // pickURL is freeURL; a test makes it hand out a port in use.
 var pickURL = freeURL
 
-func freeURL(t testing.TB) url.URL {
+func freeURL() (url.URL, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return url.URL{}, err
 	}
 	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}
+	return url.URL{Scheme: "http", Host: l.Addr().String()}, nil
 }
 
 // Start starts an etcd for t and stops it at the end of the test.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := StartIn(t.TempDir(), "lease-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartIn starts an etcd named name with its data below dir; the caller
+// stops it.
 //
 // Its ports are found free and bound by etcd a moment later; another
 // process (an outgoing connection's local port, another package's test)
 // can take one in between. Then it starts afresh on other ports.
-func Start(t testing.TB) *Server {
-	t.Helper()
+func StartIn(dir, name string) (*Server, error) {
 	for attempt := 1; ; attempt++ {
 		cfg := embed.NewConfig()
-		cfg.Name = "lease-test"
-		cfg.Dir = t.TempDir()
-		client, peer := pickURL(t), pickURL(t)
+		cfg.Name = name
+		cfg.Dir = filepath.Join(dir, fmt.Sprintf("etcd-%d", attempt))
+		if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+			return nil, err
+		}
+		client, err := pickURL()
+		if err != nil {
+			return nil, err
+		}
+		peer, err := pickURL()
+		if err != nil {
+			return nil, err
+		}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, peer.String())
 		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 		s := &Server{cfg: cfg, Endpoint: client.String()}
-		err := s.start(1)
+		err = s.start(1)
 		if err == nil {
-			t.Cleanup(s.Stop)
-			return s
+			return s, nil
 		}
 		if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
 }

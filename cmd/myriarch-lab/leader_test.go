@@ -1,13 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 )
 
-// Bad flags of failover-lab are refused before anything starts, naming
+// Bad flags of `myriarch-lab leader` are refused before anything starts, naming
 // the flag, the value and the rule.
-func TestFailoverLabRefusesBadFlags(t *testing.T) {
+func TestLeaderLabRefusesBadFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -16,8 +17,8 @@ func TestFailoverLabRefusesBadFlags(t *testing.T) {
 		{[]string{"--runs", "0"}, "--runs 0: must be at least 1"},
 		{[]string{"--scenarios", "planned-stop,nope"}, `unknown scenario "nope"`},
 	} {
-		var out, errb syncBuf
-		if code := commands.Dispatch(append([]string{"failover-lab"}, tc.args...), &out, &errb); code != 2 || !strings.Contains(errb.String(), tc.want) {
+		var out, errb bytes.Buffer
+		if code := commands.Dispatch(append([]string{"leader"}, tc.args...), &out, &errb); code != 2 || !strings.Contains(errb.String(), tc.want) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errb.String(), tc.want)
 		}
 	}

@@ -3,22 +3,41 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
-// TestMain lets the lab start this test binary as a bridge process.
-func TestMain(m *testing.M) {
-	if os.Getenv("MYRIARCH_BRIDGE_TEST_MAIN") == "1" {
-		commands.Main()
+// bridgeBinary builds the real myriarch-bridge once for the tests of this
+// package: the lab measures the binary operators run, not this test
+// binary.
+var bridgeBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "myriarch-lab-test-")
+	if err != nil {
+		return "", err
 	}
-	os.Exit(m.Run())
+	bin := filepath.Join(dir, "myriarch-bridge")
+	out, err := exec.Command("go", "build", "-o", bin, "../myriarch-bridge").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ../myriarch-bridge: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := bridgeBinary(); err == nil && bin != "" {
+		_ = os.RemoveAll(filepath.Dir(bin))
+	}
+	os.Exit(code)
 }
 
 // need skips a test whose component is missing, and fails it under CI=true.
@@ -44,10 +63,9 @@ func TestLab(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs bridge processes through every failover scenario on four setups (~2 minutes)")
 	}
-	labExec = func(args ...string) *exec.Cmd {
-		c := exec.Command(os.Args[0], args...)
-		c.Env = append(os.Environ(), "MYRIARCH_BRIDGE_TEST_MAIN=1")
-		return c
+	bin, err := bridgeBinary()
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		name, store string
@@ -69,7 +87,7 @@ func TestLab(t *testing.T) {
 				// states with the lab's measured frequency).
 				scenarios = strings.Join([]string{lab.OwnerSIGKILL, lab.OwnerBrokerPathBlackhole, lab.OwnerStorePartition, lab.OwnerBrokerUnreachable, lab.OwnerPlannedStop}, ",")
 			}
-			args := []string{"lab", "--json", "--rate", "100", "--scenarios", scenarios, "--store", tc.store}
+			args := []string{"bridge", "--bridge", bin, "--json", "--rate", "100", "--scenarios", scenarios, "--store", tc.store}
 			if tc.store == lab.StorePostgres {
 				_, err := pgtest.BinDir()
 				need(t, "PostgreSQL", err)
@@ -101,8 +119,8 @@ func TestLab(t *testing.T) {
 					r.Duplicates > r.DuplicateBound || r.StaleDeliveries != 0 || r.TwoOwners || r.NewVersion <= r.OldVersion {
 					t.Errorf("%s: %+v", r.Scenario, r)
 				}
-				if r.Scenario == lab.OwnerBrokerPathBlackhole && (r.OwnerExitCode == nil || *r.OwnerExitCode != exitStepDown) {
-					t.Errorf("broker-path owner exited %v, want %d", r.OwnerExitCode, exitStepDown)
+				if r.Scenario == lab.OwnerBrokerPathBlackhole && (r.OwnerExitCode == nil || *r.OwnerExitCode != lab.StepDownExit) {
+					t.Errorf("broker-path owner exited %v, want %d", r.OwnerExitCode, lab.StepDownExit)
 				}
 				if r.Scenario == lab.OwnerPlannedStop {
 					// The release wakes the standby: the handover (old

@@ -1,4 +1,4 @@
-package mqtt
+package transport
 
 import (
 	"encoding/json"

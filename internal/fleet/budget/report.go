@@ -1,4 +1,9 @@
-package disclose
+// Package budget is what myriarchd discloses about its failover
+// arithmetic: the stable JSON object of `myriarchd budget`, its readable
+// table, and the command's front end (flags, exit statuses). It is called
+// with values (durations); the docs generator renders its tables from the
+// same reports.
+package budget
 
 import (
 	"fmt"
@@ -7,6 +12,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/disclose"
 	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 )
 
@@ -78,6 +84,8 @@ func LeaderBudget(t, shutdownTimeout, preStopSleep time.Duration) LeaderReport {
 	}
 	return r
 }
+
+var secs = disclose.Secs
 
 // OK reports whether every input was accepted.
 func (r LeaderReport) OK() bool { return len(r.Errors) == 0 }
