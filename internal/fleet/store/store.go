@@ -412,15 +412,10 @@ func ConfigHash(body string) string {
 func (s *Store) SetDesiredConfig(ctx context.Context, uid, body string) (string, error) {
 	hash := ConfigHash(body)
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now()
-			WHERE instance_uid = $1`, uid, body, hash)
-		if err != nil {
-			return err
+		n, err := writeDesired(ctx, tx, []string{uid}, body, hash, nil, nil)
+		if err == nil && n == 0 {
+			return ErrNotFound // and the rollback takes back the notification
 		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotFound
-		}
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, uid)
 		return err
 	})
 	return hash, err
