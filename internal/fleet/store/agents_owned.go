@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 )
 
 // writeDesired is the one writer of agents' desired configs: it sets the
@@ -29,7 +31,7 @@ func writeDesired(ctx context.Context, q Querier, uids []string, body, hash stri
 	if err != nil {
 		return 0, err
 	}
-	if _, err := q.Exec(ctx, `SELECT pg_notify($1, u) FROM unnest($2::text[]) AS u`, NotifyChannel, uids); err != nil {
+	if err := eventbus.Notify(ctx, q, eventbus.DesiredConfig, uids...); err != nil {
 		return 0, err
 	}
 	return tag.RowsAffected(), nil

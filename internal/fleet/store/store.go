@@ -28,6 +28,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -38,9 +39,9 @@ var migrations embed.FS
 // (distinct from ha.leaderLockKey's default).
 const MigrationLockID int64 = 7012025
 
-// NotifyChannel is the LISTEN/NOTIFY channel of agent changes; the payload
-// is the agent's instance uid.
-const NotifyChannel = "myriarch_agent"
+// NotifyChannel is the LISTEN/NOTIFY channel of agent changes
+// (eventbus.Channel; its payloads are eventbus.Events).
+const NotifyChannel = eventbus.Channel
 
 // ErrNotFound is returned for an unknown agent.
 var ErrNotFound = errors.New("not found")
