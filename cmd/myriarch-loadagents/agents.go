@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // serverSample is read from myriarchd's /metrics.
@@ -74,7 +75,7 @@ func dbStats(ctx context.Context, conn *pgx.Conn) (dbSample, error) {
 	if err != nil {
 		return s, err
 	}
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM agents WHERE status = 'online'`).Scan(&s.online)
+	s.online, err = store.CountOnline(ctx, conn, nil)
 	return s, err
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore/s3test"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
@@ -274,28 +275,20 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 
 	record := func(path string, seed byte, n int64) (string, error) {
 		d := benchDigest(seed, n)
-		for _, q := range []string{
-			`INSERT INTO package_sources (name, type, source, poll_interval_ms, last_polled_at) VALUES ('bench', 'github', 'bench/bench', 86400000, now()) ON CONFLICT DO NOTHING`,
-			`INSERT INTO package_releases (package, version, published_at, term) VALUES ('bench', $1, now(), 0)`,
-			`INSERT INTO package_assets (package, version, name, digest, size, url) VALUES ('bench', $1, 'agent', $2, $3, $4)`,
-		} {
-			var args []any
-			switch {
-			case strings.Contains(q, "package_assets"):
-				args = []any{"v" + path, d, n, "http://" + l.Addr().String() + "/" + path}
-			case strings.Contains(q, "package_releases"):
-				args = []any{"v" + path}
-			}
-			if _, err := pool.Exec(ctx, q, args...); err != nil {
-				return "", err
-			}
+		src := releases.Source{Name: "bench", Type: "github", Source: "bench/bench", PollInterval: 24 * time.Hour}
+		if err := releases.AddPolledSource(ctx, pool, src); err != nil {
+			return "", err
+		}
+		rel := releases.Release{Package: "bench", Version: "v" + path, PublishedAt: time.Now(),
+			Assets: []releases.Asset{{Name: "agent", Digest: d, Size: n, URL: "http://" + l.Addr().String() + "/" + path}}}
+		if err := releases.RecordRelease(ctx, pool, rel, 0); err != nil {
+			return "", err
 		}
 		return d, nil
 	}
 	waitBlob := func(d string) error {
 		if !fleettest.Eventually(30*time.Minute, func() bool {
-			var ok bool
-			_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM artifact_blobs WHERE digest = $1)`, d).Scan(&ok)
+			ok, _ := artifacts.BlobStored(ctx, pool, d)
 			return ok
 		}) {
 			return fmt.Errorf("blob %s not stored", d)
@@ -314,8 +307,7 @@ func artifactBench(ctx context.Context, exe string, size, serveSize int64, agent
 	// From the moment the download's row appears (the job claimed it) to
 	// the moment the verified blob's row is visible.
 	if !fleettest.Eventually(time.Minute, func() bool {
-		var ok bool
-		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM artifact_downloads WHERE digest = $1)`, digest).Scan(&ok)
+		ok, _ := artifacts.DownloadRecorded(ctx, pool, digest)
 		return ok
 	}) {
 		return errors.New("the download did not start")

@@ -197,15 +197,14 @@ func rolloutBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer)
 	if failed.Load() > 0 {
 		return fmt.Errorf("%d agents did not start", failed.Load())
 	}
-	count := func(sql string, args ...any) int {
-		var c int
-		_ = pool.QueryRow(ctx, sql, args...).Scan(&c)
-		return c
+	count := func(attrs map[string]string) int {
+		n, _ := store.CountOnline(ctx, pool, attrs)
+		return int(n)
 	}
 	if !fleettest.Eventually(3*time.Minute, func() bool {
-		return count(`SELECT count(*) FROM agents WHERE status = 'online' AND attrs @> '{"role":"bench"}'`) == o.agents
+		return count(map[string]string{"role": "bench"}) == o.agents
 	}) {
-		return fmt.Errorf("only %d of %d agents registered", count(`SELECT count(*) FROM agents WHERE status = 'online'`), o.agents)
+		return fmt.Errorf("only %d of %d agents registered", count(nil), o.agents)
 	}
 	emitJSON(stdout, map[string]any{"event": "agents_connected", "agents": o.agents, "took_s": time.Since(start).Seconds()})
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -34,23 +35,14 @@ func runWait(ctx context.Context, args []string, out *emitter, stderr io.Writer)
 		t0 = time.Unix(0, int64(*since*1e9))
 	}
 	var firstAll, led time.Duration
-	rows, err := conn.Query(ctx, `SELECT replica_id, count(*) FROM agents WHERE status = 'online' GROUP BY 1 ORDER BY 1`)
-	if err != nil {
-		return err
-	}
-	dist := map[string]int64{}
-	var rid string
-	var cnt int64
-	_, err = pgx.ForEachRow(rows, []any{&rid, &cnt}, func() error { dist[rid] = cnt; return nil })
+	dist, err := store.OnlineByReplica(ctx, conn)
 	if err != nil {
 		return err
 	}
 	atStart, _, _ := pgleader.CurrentTerm(ctx, conn, *lockKey)
 	out.emit(map[string]any{"event": "online_by_replica_at_start", "online": dist, "recorded_leader": atStart.LeaderID})
 	for ctx.Err() == nil {
-		var onR, online, other int64
-		err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'online' AND replica_id = $1), count(*) FILTER (WHERE status = 'online'),
-			count(*) FILTER (WHERE status = 'online' AND replica_id <> $1) FROM agents`, *replica).Scan(&onR, &online, &other)
+		onR, _, other, err := store.OnlineOn(ctx, conn, *replica)
 		if err == nil && onR >= *n && other == 0 && firstAll == 0 {
 			firstAll = time.Since(t0)
 			out.emit(map[string]any{"event": "all_on_survivor", "agents": onR, "after_kill_s": firstAll.Seconds()})

@@ -48,6 +48,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
+	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // ChunkSize is the size of one read from the source and one write to the
@@ -259,17 +260,27 @@ func (p *Prefetcher) wanted(ctx context.Context) ([]want, error) {
 
 // platforms returns the "os/arch" pairs that the fleet's agents report.
 func (p *Prefetcher) platforms(ctx context.Context) (map[string]bool, error) {
-	rows, err := p.o.Pool.Query(ctx, `SELECT DISTINCT lower(attrs->>'os.type') || '/' || lower(coalesce(attrs->>'host.arch', ''))
-		FROM agents WHERE attrs ? 'os.type'`)
-	if err != nil {
-		return nil, err
-	}
-	ps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ps, err := store.AgentPlatforms(ctx, p.o.Pool)
 	m := map[string]bool{}
 	for _, s := range ps {
 		m[s] = true
 	}
 	return m, err
+}
+
+// BlobStored reports whether the blob of digest is stored.
+func BlobStored(ctx context.Context, q store.Querier, digest string) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM artifact_blobs WHERE digest = $1)`, digest).Scan(&ok)
+	return ok, err
+}
+
+// DownloadRecorded reports whether a download of digest is recorded (the
+// prefetcher claimed it).
+func DownloadRecorded(ctx context.Context, q store.Querier, digest string) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM artifact_downloads WHERE digest = $1)`, digest).Scan(&ok)
+	return ok, err
 }
 
 func (p *Prefetcher) haveBlobs(ctx context.Context) (map[string]bool, error) {
@@ -288,15 +299,7 @@ func (p *Prefetcher) haveBlobs(ctx context.Context) (map[string]bool, error) {
 // InUse returns the package versions that agents report as installed in
 // their package statuses, as keys package + "@" + version.
 func InUse(ctx context.Context, pool *pgxpool.Pool) (map[string]bool, error) {
-	// package_statuses is stored by the OpAMP server as
-	// {"packages": {"<name>": {"agent_has_version": "...", ...}}, "error": ""}.
-	rows, err := pool.Query(ctx, `SELECT DISTINCT p.k || '@' || (p.s->>'agent_has_version')
-		FROM agents, jsonb_each(coalesce(package_statuses->'packages', '{}')) AS p(k, s)
-		WHERE coalesce(p.s->>'agent_has_version', '') <> ''`)
-	if err != nil {
-		return nil, err
-	}
-	vs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	vs, err := store.InstalledPackageVersions(ctx, pool)
 	m := map[string]bool{}
 	for _, v := range vs {
 		m[v] = true

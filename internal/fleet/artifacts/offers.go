@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/open-telemetry/opamp-go/protobufs"
 
+	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 	"github.com/myriarch/myriarch/internal/fleet/opampserver"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -101,31 +104,30 @@ func OfferVersion(ctx context.Context, pool *pgxpool.Pool, pkg, version string, 
 // OfferTx records, inside tx, the offer of version of pkg to agent uid and
 // notifies the replica the agent is connected to when tx commits.
 func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offer, error) {
-	var os, arch string
-	var caps int64
-	err := tx.QueryRow(ctx, `SELECT lower(coalesce(attrs->>'os.type', '')), lower(coalesce(attrs->>'host.arch', '')), capabilities
-		FROM agents WHERE instance_uid = $1`, uid).Scan(&os, &arch, &caps)
-	if errors.Is(err, pgx.ErrNoRows) {
+	target, err := store.AgentOfferTarget(ctx, tx, uid)
+	if errors.Is(err, store.ErrNotFound) {
 		return Offer{}, fmt.Errorf("%w: agent %q: no such agent", ErrNotOfferable, uid)
 	}
 	if err != nil {
 		return Offer{}, err
 	}
-	if uint64(caps)&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages) == 0 {
+	os, arch, caps := target.OS, target.Arch, target.Capabilities
+	if caps&uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages) == 0 {
 		// It would ignore the offer, and the offer would wait for an
 		// install that never comes (the OpenTelemetry supervisor v0.149.0
 		// is such an agent).
 		return Offer{}, fmt.Errorf("%w: agent %s does not accept packages (capability AcceptsPackages; it declares %v)",
-			ErrNotOfferable, uid, store.CapabilityNames(uint64(caps)))
+			ErrNotOfferable, uid, store.CapabilityNames(caps))
 	}
-	o := Offer{InstanceUID: uid, Package: pkg, Version: version}
-	var stored bool
-	err = tx.QueryRow(ctx, `SELECT a.name, a.digest, a.signature, EXISTS (SELECT 1 FROM artifact_blobs b WHERE b.digest = a.digest)
-		FROM package_assets a WHERE a.package = $1 AND a.version = $2 AND ((a.os = $3 AND a.arch = $4) OR a.os = '')
-		ORDER BY a.os DESC, a.name LIMIT 1`, pkg, version, os, arch).Scan(&o.Asset, &o.Digest, &o.Signature, &stored)
-	if errors.Is(err, pgx.ErrNoRows) {
+	asset, err := releases.PlatformAsset(ctx, tx, pkg, version, os, arch)
+	if errors.Is(err, releases.ErrNotFound) {
 		return Offer{}, fmt.Errorf("%w: %s %s has no asset for agent %s (platform %q)", ErrNotOfferable, pkg, version, uid, os+"/"+arch)
 	}
+	if err != nil {
+		return Offer{}, err
+	}
+	o := Offer{InstanceUID: uid, Package: pkg, Version: version, Asset: asset.Name, Digest: asset.Digest, Signature: asset.Signature}
+	stored, err := BlobStored(ctx, tx, o.Digest)
 	if err != nil {
 		return Offer{}, err
 	}
@@ -138,7 +140,7 @@ func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offe
 			offered_at = now(), sent_conn = '', sent_at = NULL`, uid, pkg, version, o.Asset, o.Digest, o.Signature, by); err != nil {
 		return Offer{}, err
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, store.NotifyChannel, opampserver.PackagesNotifyPrefix+uid); err != nil {
+	if err := eventbus.Notify(ctx, tx, eventbus.Packages, uid); err != nil {
 		return Offer{}, err
 	}
 	return o, nil
@@ -146,19 +148,47 @@ func OfferTx(ctx context.Context, tx pgx.Tx, pkg, version, uid, by string) (Offe
 
 // Offers returns the offers of the agents uids, by agent.
 func Offers(ctx context.Context, pool *pgxpool.Pool, uids []string) (map[string][]Offer, error) {
-	rows, err := pool.Query(ctx, `SELECT o.instance_uid, o.package, o.version, o.asset, o.digest, o.signature, o.sent_conn,
-			a.package_statuses->'packages'->o.package, coalesce(a.package_statuses->>'server_provided_all_packages_hash', '')
-		FROM agent_package_offers o LEFT JOIN agents a ON a.instance_uid = o.instance_uid
-		WHERE o.instance_uid = ANY($1) ORDER BY o.instance_uid, o.package`, uids)
+	rows, err := pool.Query(ctx, `SELECT instance_uid, package, version, asset, digest, signature, sent_conn
+		FROM agent_package_offers WHERE instance_uid = ANY($1) ORDER BY instance_uid, package`, uids)
 	if err != nil {
 		return nil, err
 	}
-	os, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Offer])
+	os, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Offer, error) {
+		var o Offer
+		return o, r.Scan(&o.InstanceUID, &o.Package, &o.Version, &o.Asset, &o.Digest, &o.Signature, &o.SentConn)
+	})
+	if err != nil || len(os) == 0 {
+		return map[string][]Offer{}, err
+	}
+	with := make([]string, 0, len(os))
+	for _, o := range os {
+		if len(with) == 0 || with[len(with)-1] != o.InstanceUID {
+			with = append(with, o.InstanceUID)
+		}
+	}
+	statuses, err := store.AgentPackageStatuses(ctx, pool, with)
+	if err != nil {
+		return nil, err
+	}
 	m := map[string][]Offer{}
 	for _, o := range os {
+		st := statuses[o.InstanceUID]
+		o.ReportedAll = st.AllPackagesHash
+		if raw, ok := st.Packages[o.Package]; ok && string(raw) != "null" {
+			o.Status = new(ReportedStatus)
+			if err := json.Unmarshal(raw, o.Status); err != nil {
+				return nil, fmt.Errorf("package status of %s for %s: %w", o.InstanceUID, o.Package, err)
+			}
+		}
 		m[o.InstanceUID] = append(m[o.InstanceUID], o)
 	}
-	return m, err
+	return m, nil
+}
+
+// DeleteOffer withdraws the offer of package pkg to agent uid, if any.
+func DeleteOffer(ctx context.Context, q store.Querier, uid, pkg string) error {
+	_, err := q.Exec(ctx, `DELETE FROM agent_package_offers WHERE instance_uid = $1 AND package = $2`, uid, pkg)
+	return err
 }
 
 // MarkSent records that the offers of uid went out on connection connID.

@@ -394,12 +394,7 @@ func (p *Poller) Poll(ctx context.Context, fence jobs.Fence) (Result, error) {
 				return err
 			}
 		}
-		rows, err := tx.Query(ctx, `UPDATE configs SET deleted_at = now(), updated_at = now()
-			WHERE source = 'git' AND deleted_at IS NULL AND NOT (name = ANY($1)) RETURNING name`, names)
-		if err != nil {
-			return err
-		}
-		if res.Deleted, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		if res.Deleted, err = store.MarkGitConfigsDeleted(ctx, tx, names); err != nil {
 			return err
 		}
 		if len(res.Deleted) > 0 {

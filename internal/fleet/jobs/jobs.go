@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -154,10 +155,8 @@ func (r *Runner) runOnce(ctx context.Context, j Job, term int64, fence Fence) {
 	r.mErr.WithLabelValues(j.Name).Set(failed)
 	// The record of the run is itself a fenced write.
 	rerr := fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO job_runs (name, replica_id, term, started_at, duration_ms, error, runs) VALUES ($1, $2, $3, $4, $5, $6, 1)
-			ON CONFLICT (name) DO UPDATE SET replica_id = $2, term = $3, started_at = $4, duration_ms = $5, error = $6, runs = job_runs.runs + 1`,
-			j.Name, r.replica, term, start, d.Milliseconds(), msg)
-		return err
+		return store.RecordJobRun(ctx, tx, store.JobRun{Name: j.Name, ReplicaID: r.replica, Term: term, StartedAt: start,
+			DurationMS: d.Milliseconds(), Error: msg})
 	})
 	if rerr != nil && ctx.Err() == nil {
 		r.log.Warn("recording a job run failed", "job", j.Name, "error", rerr)
@@ -169,14 +168,9 @@ func (r *Runner) runOnce(ctx context.Context, j Job, term int64, fence Fence) {
 func OfflineSweeper(interval, after time.Duration, onSwept func(n int)) Job {
 	return Job{Name: "offline_sweeper", Interval: interval, Run: func(ctx context.Context, fence Fence) error {
 		return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, `WITH swept AS (
-					UPDATE agents SET status = 'offline'
-					WHERE status = 'online' AND last_seen < now() - make_interval(secs => $1)
-					RETURNING instance_uid, replica_id)
-				INSERT INTO agent_events (instance_uid, at, kind, replica_id, detail)
-				SELECT instance_uid, now(), 'marked_offline', replica_id, 'no heartbeat for ' || $2 FROM swept`, after.Seconds(), after.String())
+			n, err := store.SweepOffline(ctx, tx, after)
 			if err == nil && onSwept != nil {
-				onSwept(int(tag.RowsAffected()))
+				onSwept(int(n))
 			}
 			return err
 		})
@@ -189,9 +183,8 @@ func OfflineSweeper(interval, after time.Duration, onSwept func(n int)) Job {
 func Housekeeping(interval, eventRetention, replicaRetention time.Duration, lockKey int64) Job {
 	return Job{Name: "housekeeping", Interval: interval, Run: func(ctx context.Context, fence Fence) error {
 		return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			_, err1 := tx.Exec(ctx, `DELETE FROM agent_events WHERE at < now() - make_interval(secs => $1)`, eventRetention.Seconds())
-			if err1 != nil {
-				return err1
+			if err := store.PruneEvents(ctx, tx, eventRetention); err != nil {
+				return err
 			}
 			_, err := pgleader.PruneReplicas(ctx, tx, lockKey, replicaRetention)
 			return err

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // ErrNotFound is returned for an unknown package.
@@ -69,14 +71,16 @@ func knownVersions(ctx context.Context, pool *pgxpool.Pool, pkg string) (map[str
 	return m, err
 }
 
-func insertRelease(ctx context.Context, tx pgx.Tx, r Release, term int64) error {
-	tag, err := tx.Exec(ctx, `INSERT INTO package_releases (package, version, published_at, term) VALUES ($1, $2, $3, $4)
+// RecordRelease records release r with its assets, written in term, unless
+// a release of its package and version is recorded already.
+func RecordRelease(ctx context.Context, q store.Querier, r Release, term int64) error {
+	tag, err := q.Exec(ctx, `INSERT INTO package_releases (package, version, published_at, term) VALUES ($1, $2, $3, $4)
 		ON CONFLICT DO NOTHING`, r.Package, r.Version, r.PublishedAt, term)
 	if err != nil || tag.RowsAffected() == 0 {
 		return err
 	}
 	for _, a := range r.Assets {
-		if _, err := tx.Exec(ctx, `INSERT INTO package_assets (package, version, name, os, arch, digest, size, url, signature)
+		if _, err := q.Exec(ctx, `INSERT INTO package_assets (package, version, name, os, arch, digest, size, url, signature)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING`,
 			r.Package, r.Version, a.Name, a.OS, a.Arch, a.Digest, a.Size, a.URL, a.Signature); err != nil {
 			return fmt.Errorf("recording asset %s of %s %s: %w", a.Name, r.Package, r.Version, err)

@@ -109,7 +109,7 @@ func (t *Tracker) poll(ctx context.Context, fence jobs.Fence, s Source) error {
 	// Releases listed before an error are still recorded.
 	err = rollout.InTerm(ctx, fence, t.lockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		for _, r := range rels {
-			if err := insertRelease(ctx, tx, r, term); err != nil {
+			if err := RecordRelease(ctx, tx, r, term); err != nil {
 				return err
 			}
 		}

@@ -207,11 +207,15 @@ const assignBatch = 1000
 // then). Agents with a desired config, from a rollout or set directly,
 // change only through rollouts.
 func (e *Engine) assign(ctx context.Context, tx pgx.Tx, term int64) error {
-	rows, err := tx.Query(ctx, `SELECT a.instance_uid, c.name, c.current_revision FROM agents a
-		JOIN configs c ON c.name = `+store.PrecedenceSQL+`
-		WHERE a.desired_config_hash = '' AND a.status = 'online' AND c.current_revision > 0
-			AND NOT EXISTS (SELECT 1 FROM rollouts r WHERE r.config = c.name AND r.state = ANY($1))
-		ORDER BY c.name, a.instance_uid LIMIT $2`, ActiveStates, assignBatch)
+	rows, err := tx.Query(ctx, `SELECT DISTINCT config FROM rollouts WHERE state = ANY($1)`, ActiveStates)
+	if err != nil {
+		return err
+	}
+	busy, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	news, err := store.NewAgents(ctx, tx, busy, assignBatch)
 	if err != nil {
 		return err
 	}
@@ -220,13 +224,8 @@ func (e *Engine) assign(ctx context.Context, tx pgx.Tx, term int64) error {
 		rev    int
 	}
 	groups := map[key][]string{}
-	var uid, name string
-	var rev int
-	if _, err := pgx.ForEachRow(rows, []any{&uid, &name, &rev}, func() error {
-		groups[key{name, rev}] = append(groups[key{name, rev}], uid)
-		return nil
-	}); err != nil {
-		return err
+	for _, a := range news {
+		groups[key{a.Config, a.Revision}] = append(groups[key{a.Config, a.Revision}], a.UID)
 	}
 	for k, uids := range groups {
 		r, err := store.GetRevision(ctx, tx, k.config, k.rev)
@@ -237,23 +236,12 @@ func (e *Engine) assign(ctx context.Context, tx pgx.Tx, term int64) error {
 			SELECT NULL, u, $2, 0, $3, 'assign', $4, $5 FROM unnest($1::text[]) AS u`, uids, k.config, term, r.Revision, r.Hash); err != nil {
 			return err
 		}
-		if err := setDesired(ctx, tx, uids, k.config, r); err != nil {
+		if err := store.SetDesiredRevision(ctx, tx, uids, k.config, r); err != nil {
 			return err
 		}
 		e.log().Info("gave new agents the current revision of their configuration", "config", k.config, "revision", r.Revision, "agents", len(uids))
 	}
 	return nil
-}
-
-// setDesired sets the desired config of uids to rev and notifies the
-// replicas (at the commit).
-func setDesired(ctx context.Context, tx pgx.Tx, uids []string, config string, rev store.Revision) error {
-	if _, err := tx.Exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
-		desired_config_name = $4, desired_revision = $5 WHERE instance_uid = ANY($1)`, uids, rev.Content, rev.Hash, config, rev.Revision); err != nil {
-		return err
-	}
-	_, err := tx.Exec(ctx, `SELECT pg_notify($1, u) FROM unnest($2::text[]) AS u`, store.NotifyChannel, uids)
-	return err
 }
 
 // stepper is one fenced step of one rollout.
@@ -387,12 +375,7 @@ func (s *stepper) plan(ctx context.Context) error {
 		r.State, r.Reason = StateFailed, "the configuration was deleted before the rollout was planned"
 		return nil
 	}
-	rows, err := s.tx.Query(ctx, `SELECT a.instance_uid FROM agents a WHERE a.attrs @> $1 AND `+store.PrecedenceSQL+` = $2
-		ORDER BY a.instance_uid`, Selector(c, r.Spec), r.Config)
-	if err != nil {
-		return err
-	}
-	uids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	uids, err := store.AgentsAssigned(ctx, s.tx, Selector(c, r.Spec), r.Config)
 	if err != nil {
 		return err
 	}
@@ -409,8 +392,7 @@ func (s *stepper) plan(ctx context.Context) error {
 	}
 	if len(uids) == 0 {
 		r.State, r.Reason = StateSucceeded, "no agent is assigned to the configuration; nothing to do"
-		_, err := s.tx.Exec(ctx, `UPDATE configs SET current_revision = $2 WHERE name = $1`, r.Config, r.ToRevision)
-		return err
+		return store.SetCurrentRevision(ctx, s.tx, r.Config, r.ToRevision)
 	}
 	sizes := r.Spec.WaveSizes(len(uids))
 	wave, left := 1, sizes[0]
@@ -460,20 +442,59 @@ func (s *stepper) failedCount(ctx context.Context) (failed, planned int, err err
 	return failed, planned, err
 }
 
+// agentReports returns the uids that query selects from the rollout's
+// agents, in its order, with what those agents last reported
+// (store.ConfigReports; an agent without a row has none).
+func (s *stepper) agentReports(ctx context.Context, query string, args ...any) ([]string, map[string]store.ConfigReport, error) {
+	rows, err := s.tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	uids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(uids) == 0 {
+		return nil, nil, err
+	}
+	reps, err := store.ConfigReports(ctx, s.tx, uids)
+	return uids, reps, err
+}
+
+// reported reports whether rep is an APPLIED or FAILED report of the
+// config with hash.
+func reported(rep store.ConfigReport, ok bool, hash string) bool {
+	return ok && rep.ConfigHash == hash && (rep.ConfigStatus == "applied" || rep.ConfigStatus == "failed")
+}
+
 // observe reads the agents' reports into the rollout.
 func (s *stepper) observe(ctx context.Context) error {
 	r := s.r
-	if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET
-			state = CASE WHEN a.remote_config_status = 'applied' AND a.healthy IS NOT FALSE THEN 'applied' ELSE 'failed' END,
-			reported_at = now(),
-			healthy_since = CASE WHEN a.remote_config_status = 'applied' AND a.healthy IS NOT FALSE THEN now() END,
-			detail = CASE WHEN a.remote_config_status = 'failed' THEN 'FAILED: ' || a.remote_config_error
-				WHEN a.healthy IS FALSE THEN 'APPLIED but unhealthy: ' || coalesce(a.health->>'last_error', '')
-				ELSE '' END
-		FROM agents a
-		WHERE ra.rollout_id = $1 AND ra.state = 'in_progress' AND a.instance_uid = ra.instance_uid
-			AND a.remote_config_hash = $2 AND a.remote_config_status IN ('applied', 'failed')`, r.ID, s.to.Hash); err != nil {
+	sent, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND state = 'in_progress'`, r.ID)
+	if err != nil {
 		return err
+	}
+	var uids, states, details []string
+	for _, uid := range sent {
+		a, ok := reps[uid]
+		if !reported(a, ok, s.to.Hash) {
+			continue
+		}
+		state, detail := AgentFailed, ""
+		switch {
+		case a.ConfigStatus == "failed":
+			detail = "FAILED: " + a.ConfigError
+		case a.Unhealthy():
+			detail = "APPLIED but unhealthy: " + a.LastError
+		default:
+			state = AgentApplied
+		}
+		uids, states, details = append(uids, uid), append(states, state), append(details, detail)
+	}
+	if len(uids) > 0 {
+		if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET state = v.state, reported_at = now(),
+				healthy_since = CASE WHEN v.state = 'applied' THEN now() END, detail = v.detail
+			FROM unnest($2::text[], $3::text[], $4::text[]) AS v(uid, state, detail)
+			WHERE ra.rollout_id = $1 AND ra.state = 'in_progress' AND ra.instance_uid = v.uid`, r.ID, uids, states, details); err != nil {
+			return err
+		}
 	}
 	if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'failed', reported_at = now(),
 			detail = 'no APPLIED or FAILED report within apply_timeout_s (' || $2::text || ' s)'
@@ -481,11 +502,24 @@ func (s *stepper) observe(ctx context.Context) error {
 		return err
 	}
 	// The bake: an agent of the current wave that turns unhealthy fails.
-	_, err := s.exec(ctx, `UPDATE rollout_agents ra SET state = 'failed', healthy_since = NULL,
-			detail = 'unhealthy after applying: ' || coalesce(a.health->>'last_error', '')
-		FROM agents a
-		WHERE ra.rollout_id = $1 AND ra.wave = $2 AND ra.state = 'applied' AND a.instance_uid = ra.instance_uid AND a.healthy IS FALSE`,
+	applied, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND wave = $2 AND state = 'applied'`,
 		r.ID, r.Wave)
+	if err != nil {
+		return err
+	}
+	uids, details = nil, nil
+	for _, uid := range applied {
+		if a := reps[uid]; a.Unhealthy() {
+			uids, details = append(uids, uid), append(details, "unhealthy after applying: "+a.LastError)
+		}
+	}
+	if len(uids) == 0 {
+		return nil
+	}
+	_, err = s.exec(ctx, `UPDATE rollout_agents ra SET state = 'failed', healthy_since = NULL, detail = v.detail
+		FROM unnest($3::text[], $4::text[]) AS v(uid, detail)
+		WHERE ra.rollout_id = $1 AND ra.wave = $2 AND ra.state = 'applied' AND ra.instance_uid = v.uid`,
+		r.ID, r.Wave, uids, details)
 	return err
 }
 
@@ -535,23 +569,18 @@ func (s *stepper) dispatch(ctx context.Context) error {
 	}
 	room := r.Spec.MaxInProgress - inProgress
 	for room > 0 {
-		rows, err := s.tx.Query(ctx, `SELECT ra.instance_uid, coalesce(a.status, 'offline') FROM rollout_agents ra
-			LEFT JOIN agents a ON a.instance_uid = ra.instance_uid
-			WHERE ra.rollout_id = $1 AND ra.wave = $2 AND ra.state = 'pending' ORDER BY ra.seq LIMIT $3`, r.ID, r.Wave, room)
+		next, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents
+			WHERE rollout_id = $1 AND wave = $2 AND state = 'pending' ORDER BY seq LIMIT $3`, r.ID, r.Wave, room)
 		if err != nil {
 			return err
 		}
 		var online, offline []string
-		var uid, status string
-		if _, err := pgx.ForEachRow(rows, []any{&uid, &status}, func() error {
-			if status == "online" {
+		for _, uid := range next {
+			if reps[uid].Online {
 				online = append(online, uid)
 			} else {
 				offline = append(offline, uid)
 			}
-			return nil
-		}); err != nil {
-			return err
 		}
 		if len(online)+len(offline) == 0 {
 			return nil
@@ -584,7 +613,7 @@ func (s *stepper) send(ctx context.Context, kind string, rev store.Revision, uid
 		SELECT $1, u, $8, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, r.Wave, s.term, kind, rev.Revision, rev.Hash, r.Config); err != nil {
 		return err
 	}
-	return setDesired(ctx, s.tx, uids, r.Config, rev)
+	return store.SetDesiredRevision(ctx, s.tx, uids, r.Config, rev)
 }
 
 // gate opens the next wave when the current one is done and baked.
@@ -610,8 +639,7 @@ func (s *stepper) gate(ctx context.Context) (bool, error) {
 	}
 	if r.Wave >= r.Waves {
 		r.State, r.Reason = StateSucceeded, ""
-		_, err := s.tx.Exec(ctx, `UPDATE configs SET current_revision = $2 WHERE name = $1`, r.Config, r.ToRevision)
-		return false, err
+		return false, store.SetCurrentRevision(ctx, s.tx, r.Config, r.ToRevision)
 	}
 	r.Wave++
 	s.progress = true
@@ -627,10 +655,22 @@ func (s *stepper) rollback(ctx context.Context) error {
 		r.State, r.Reason = StatePaused, "cannot roll back: no revision to roll back to"
 		return nil
 	}
-	if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET rollback = CASE WHEN a.remote_config_status = 'applied' THEN 'applied' ELSE 'failed' END
-		FROM agents a WHERE ra.rollout_id = $1 AND ra.rollback = 'sent' AND a.instance_uid = ra.instance_uid
-			AND a.remote_config_hash = $2 AND a.remote_config_status IN ('applied', 'failed')`, r.ID, s.from.Hash); err != nil {
+	waiting, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND rollback = 'sent'`, r.ID)
+	if err != nil {
 		return err
+	}
+	var back, results []string
+	for _, uid := range waiting {
+		if a, ok := reps[uid]; reported(a, ok, s.from.Hash) {
+			back, results = append(back, uid), append(results, a.ConfigStatus)
+		}
+	}
+	if len(back) > 0 {
+		if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET rollback = v.result
+			FROM unnest($2::text[], $3::text[]) AS v(uid, result)
+			WHERE ra.rollout_id = $1 AND ra.rollback = 'sent' AND ra.instance_uid = v.uid`, r.ID, back, results); err != nil {
+			return err
+		}
 	}
 	if _, err := s.exec(ctx, `UPDATE rollout_agents SET rollback = 'failed'
 		WHERE rollout_id = $1 AND rollback = 'sent' AND rollback_at < now() - make_interval(secs => $2)`, r.ID, r.Spec.ApplyTimeoutS); err != nil {
@@ -661,8 +701,7 @@ func (s *stepper) rollback(ctx context.Context) error {
 	}
 	if sent == 0 {
 		r.State = StateRolledBack
-		_, err := s.tx.Exec(ctx, `UPDATE configs SET current_revision = $2 WHERE name = $1`, r.Config, r.FromRevision)
-		return err
+		return store.SetCurrentRevision(ctx, s.tx, r.Config, r.FromRevision)
 	}
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/open-telemetry/opamp-go/protobufs"
+
+	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 )
 
 // Event kinds of agent commands.
@@ -19,8 +21,8 @@ const (
 )
 
 // RestartNotifyPrefix starts the NOTIFY payload (on NotifyChannel) of a
-// restart request; the rest is the instance uid.
-const RestartNotifyPrefix = "restart:"
+// restart request; the rest is the instance uid (eventbus.Restart).
+const RestartNotifyPrefix = string(eventbus.Restart)
 
 // RestartRequestTTL is how long a restart request waits for its delivery:
 // an agent that reconnects later is not restarted by a stale request.
@@ -94,8 +96,7 @@ func (s *Store) RequestRestart(ctx context.Context, uid string) (Agent, error) {
 			uid, EventRestartRequested); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, RestartNotifyPrefix+uid)
-		return err
+		return eventbus.Notify(ctx, tx, eventbus.Restart, uid)
 	})
 	return a, err
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -38,9 +39,9 @@ var migrations embed.FS
 // (distinct from ha.leaderLockKey's default).
 const MigrationLockID int64 = 7012025
 
-// NotifyChannel is the LISTEN/NOTIFY channel of agent changes; the payload
-// is the agent's instance uid.
-const NotifyChannel = "myriarch_agent"
+// NotifyChannel is the LISTEN/NOTIFY channel of agent changes
+// (eventbus.Channel; its payloads are eventbus.Events).
+const NotifyChannel = eventbus.Channel
 
 // ErrNotFound is returned for an unknown agent.
 var ErrNotFound = errors.New("not found")
@@ -412,15 +413,10 @@ func ConfigHash(body string) string {
 func (s *Store) SetDesiredConfig(ctx context.Context, uid, body string) (string, error) {
 	hash := ConfigHash(body)
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now()
-			WHERE instance_uid = $1`, uid, body, hash)
-		if err != nil {
-			return err
+		n, err := writeDesired(ctx, tx, []string{uid}, body, hash, nil, nil)
+		if err == nil && n == 0 {
+			return ErrNotFound // and the rollback takes back the notification
 		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotFound
-		}
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, uid)
 		return err
 	})
 	return hash, err

@@ -31,7 +31,9 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // States of a package rollout and of its agents.
@@ -87,16 +89,16 @@ func Create(ctx context.Context, pool *pgxpool.Pool, pkg, version string, spec r
 	if err := spec.Validate(); err != nil {
 		return Rollout{}, err
 	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM package_releases WHERE package = $1 AND version = $2`, pkg, version).Scan(&n); err != nil {
+	ok, err := releases.Recorded(ctx, pool, pkg, version)
+	if err != nil {
 		return Rollout{}, err
 	}
-	if n == 0 {
+	if !ok {
 		return Rollout{}, fmt.Errorf("version %q: no release %s %s is recorded", version, pkg, version)
 	}
 	sj, _ := json.Marshal(spec)
 	r := Rollout{Package: pkg, Version: version, Spec: spec, State: StatePending, CreatedBy: by}
-	err := pool.QueryRow(ctx, `INSERT INTO package_rollouts (package, version, spec, state, created_by) VALUES ($1, $2, $3, 'pending', $4)
+	err = pool.QueryRow(ctx, `INSERT INTO package_rollouts (package, version, spec, state, created_by) VALUES ($1, $2, $3, 'pending', $4)
 		RETURNING id, created_at`, pkg, version, sj, by).Scan(&r.ID, &r.CreatedAt)
 	return r, err
 }
@@ -229,21 +231,7 @@ func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
 
 // plan selects the agents, orders them by uid and splits them into waves.
 func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
-	sel, _ := json.Marshal(r.Spec.Selector)
-	if r.Spec.Selector == nil {
-		sel = []byte("{}")
-	}
-	rows, err := tx.Query(ctx, `SELECT instance_uid, coalesce(package_statuses->'packages'->$1->>'agent_has_version', '')
-		FROM agents WHERE attrs @> $2::jsonb AND capabilities & $3 <> 0 ORDER BY instance_uid`,
-		r.Package, string(sel), int64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages))
-	if err != nil {
-		return err
-	}
-	type ag struct{ uid, prev string }
-	ags, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ag, error) {
-		var a ag
-		return a, row.Scan(&a.uid, &a.prev)
-	})
+	ags, err := store.PackageAgents(ctx, tx, r.Package, r.Spec.Selector, uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages))
 	if err != nil {
 		return err
 	}
@@ -255,7 +243,7 @@ func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
 	for w, n := range sizes {
 		for range n {
 			if _, err := tx.Exec(ctx, `INSERT INTO package_rollout_agents (rollout_id, instance_uid, wave, previous_version) VALUES ($1, $2, $3, $4)`,
-				r.ID, ags[i].uid, w, ags[i].prev); err != nil {
+				r.ID, ags[i].UID, w, ags[i].HasVersion); err != nil {
 				return err
 			}
 			i++
@@ -277,20 +265,33 @@ type agentRow struct {
 }
 
 func (e *Engine) agents(ctx context.Context, tx pgx.Tx, r Rollout) ([]agentRow, error) {
-	rows, err := tx.Query(ctx, `SELECT ra.instance_uid, ra.state, ra.offered_hash, ra.previous_version, ra.wave, ra.sent_at, ra.installed_at,
-			coalesce(a.status = 'online', false), a.healthy,
-			coalesce(a.package_statuses->'packages'->$2->>'agent_has_version', ''), coalesce(a.package_statuses->'packages'->$2->>'agent_has_hash', ''),
-			coalesce(a.package_statuses->'packages'->$2->>'status', ''), coalesce(a.package_statuses->'packages'->$2->>'error', '')
-		FROM package_rollout_agents ra LEFT JOIN agents a ON a.instance_uid = ra.instance_uid
-		WHERE ra.rollout_id = $1 ORDER BY ra.wave, ra.instance_uid`, r.ID, r.Package)
+	rows, err := tx.Query(ctx, `SELECT instance_uid, state, offered_hash, previous_version, wave, sent_at, installed_at
+		FROM package_rollout_agents WHERE rollout_id = $1 ORDER BY wave, instance_uid`, r.ID)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (agentRow, error) {
+	ags, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (agentRow, error) {
 		var a agentRow
-		return a, row.Scan(&a.uid, &a.state, &a.offeredHash, &a.prev, &a.wave, &a.sentAt, &a.installedAt, &a.online, &a.healthy,
-			&a.hasVersion, &a.hasHash, &a.status, &a.reportError)
+		return a, row.Scan(&a.uid, &a.state, &a.offeredHash, &a.prev, &a.wave, &a.sentAt, &a.installedAt)
 	})
+	if err != nil || len(ags) == 0 {
+		return ags, err
+	}
+	uids := make([]string, len(ags))
+	for i, a := range ags {
+		uids[i] = a.uid
+	}
+	reps, err := store.PackageReports(ctx, tx, uids, r.Package)
+	if err != nil {
+		return nil, err
+	}
+	for i := range ags {
+		rep := reps[ags[i].uid] // none for an agent without a row
+		a := &ags[i]
+		a.online, a.healthy = rep.Online, rep.Healthy
+		a.hasVersion, a.hasHash, a.status, a.reportError = rep.HasVersion, rep.HasHash, rep.Status, rep.Error
+	}
+	return ags, nil
 }
 
 func setAgent(ctx context.Context, tx pgx.Tx, id int64, uid, state, msg string) error {
@@ -425,7 +426,7 @@ func (e *Engine) rollBack(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		msg := "offered the previous version " + a.prev
 		if a.prev == "" || a.prev == r.Version {
 			// Nothing to go back to: withdraw the offer.
-			if _, err := tx.Exec(ctx, `DELETE FROM agent_package_offers WHERE instance_uid = $1 AND package = $2`, a.uid, r.Package); err != nil {
+			if err := artifacts.DeleteOffer(ctx, tx, a.uid, r.Package); err != nil {
 				return err
 			}
 			msg = "offer withdrawn (no previous version)"
