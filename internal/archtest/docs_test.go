@@ -1,6 +1,7 @@
 package archtest
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -60,5 +61,51 @@ func TestArchitectureDocCheckSeesAMissingPackage(t *testing.T) {
 	}
 	if named["internal/bridge/config"] {
 		t.Error("a package the text does not name was seen as named")
+	}
+}
+
+// renderOwners is TableOwners as the table of docs/architecture.md: one
+// row per owner, its tables in the order of the list.
+func renderOwners() string {
+	var owners []string
+	tables := map[string][]string{}
+	for _, o := range TableOwners {
+		if _, ok := tables[o.Owner]; !ok {
+			owners = append(owners, o.Owner)
+		}
+		tables[o.Owner] = append(tables[o.Owner], "`"+o.Table+"`")
+	}
+	var b strings.Builder
+	b.WriteString("| Owner | Tables |\n|---|---|\n")
+	for _, o := range owners {
+		fmt.Fprintf(&b, "| `%s` | %s |\n", o, strings.Join(tables[o], ", "))
+	}
+	return b.String()
+}
+
+const ownersBegin, ownersEnd = "<!-- table-owners:begin -->\n", "<!-- table-owners:end -->"
+
+// The owners table of docs/architecture.md is TableOwners; with
+// MYRIARCH_UPDATE_DOCS=1 the test rewrites it.
+func TestArchitectureDocTableOwners(t *testing.T) {
+	const path = "../../docs/architecture.md"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, ownersBegin), strings.Index(doc, ownersEnd)
+	if i < 0 || j < i {
+		t.Fatalf("%s lacks the markers %q and %q", path, ownersBegin, ownersEnd)
+	}
+	want := renderOwners()
+	if got := doc[i+len(ownersBegin) : j]; got != want {
+		if os.Getenv("MYRIARCH_UPDATE_DOCS") == "1" {
+			if err := os.WriteFile(path, []byte(doc[:i+len(ownersBegin)]+want+doc[j:]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		t.Errorf("the table owners of %s differ from archtest.TableOwners (MYRIARCH_UPDATE_DOCS=1 go test -run TestArchitectureDocTableOwners ./internal/archtest rewrites it):\n%s", path, want)
 	}
 }

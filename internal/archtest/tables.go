@@ -1,5 +1,3 @@
-// Package archtest holds the architecture rules of the module as data and
-// the tests that enforce them on the source.
 package archtest
 
 // TableOwner names the one package (a directory relative to the module
