@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # make demo: build the bridge and the lab, saying what takes the time, then
 # run the lab. A first build on a fresh machine compiles every dependency
-# (about 400 packages: 3 minutes on an idle 2-core machine, up to 9 on a
+# (about 720 packages: about 3 minutes on an idle 2-core machine, much longer on a
 # loaded one); once Go's build cache has them it takes seconds.
 set -euo pipefail
 GO=${GO:-go}
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
-echo "==> building bin/myriarch-bridge and bin/myriarch-lab (a first build compiles ~400 packages, 3-9 minutes on 2 cores; later builds take seconds)"
+echo "==> building bin/myriarch-bridge and bin/myriarch-lab (a first build compiles ~720 packages: minutes on 2 cores; later builds take seconds)"
 n=0 status=1
 while IFS= read -r line; do
   case "$line" in
