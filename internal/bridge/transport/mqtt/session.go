@@ -105,60 +105,26 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	defer actCancel()
 
 	var l *link
-	var err error
-	// Connect: at most two attempts, each within connect_timeout.
-	for try := range 2 {
-		if !s.valid() {
-			return transport.ErrTenureEnded
-		}
-		broker := s.cfg.Brokers[(attempt*2+try)%len(s.cfg.Brokers)]
-		l, err = s.connect(actCtx, broker)
-		if err == nil {
-			break
-		}
-		s.log.Warn("mqtt connect failed", "broker", broker, "err", err)
-		if actCtx.Err() != nil {
-			break
-		}
-	}
+	err := transport.Dial(actCtx, s.cfg, attempt, s.valid, s.log, func(ctx context.Context, broker string) (err error) {
+		l, err = s.connect(ctx, broker)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	defer l.close(true)
 	s.setLevel(transport.LevelDegraded)
-
-	// Reconcile: one UNSUBSCRIBE for the filters a resumed session holds
-	// that the configuration no longer wants, one SUBSCRIBE for every
-	// wanted filter, and the refused ones once more. Each wait is bounded
-	// by reconcile_timeout: at most three of the four the bound allows.
-	previous := s.state().Load()
-	if !s.SessionPresent() {
-		previous = nil // a new broker session holds no subscriptions
-	}
-	if stale := transport.StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
-		if err := s.unsubscribe(actCtx, l, stale); err != nil {
-			return fmt.Errorf("%w: unsubscribe removed filters: %v", transport.ErrActivation, err)
-		}
-		s.log.Info("unsubscribed filters no longer configured", "filters", stale)
-		previous = nil
-	}
-	granted, err := s.subscribe(actCtx, l, s.cfg.Subscriptions)
+	full, err := transport.Reconcile(actCtx, s.cfg, s.state(), transport.Reconciler{
+		SessionPresent: s.SessionPresent(),
+		Unsubscribe:    func(ctx context.Context, filters []string) error { return s.unsubscribe(ctx, l, filters) },
+		Subscribe: func(ctx context.Context, subs []transport.Subscription) (map[string]bool, error) {
+			return s.subscribe(ctx, l, subs)
+		},
+	}, s.log)
 	if err != nil {
-		return fmt.Errorf("%w: subscribe: %v", transport.ErrActivation, err)
+		return err
 	}
-	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
-		g2, err := s.subscribe(actCtx, l, missing)
-		if err != nil {
-			return fmt.Errorf("%w: subscribe retry: %v", transport.ErrActivation, err)
-		}
-		for k := range g2 {
-			granted[k] = true
-		}
-	}
-	s.state().Save(previous, granted)
-	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
-		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
-	} else {
+	if full {
 		s.mu.Lock()
 		s.activatedAt = time.Now()
 		s.mu.Unlock()
@@ -176,14 +142,6 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	case <-l.dead:
 		return l.deadErr
 	}
-}
-
-func filters(subs []transport.Subscription) []string {
-	out := make([]string, len(subs))
-	for i, s := range subs {
-		out[i] = s.Filter
-	}
-	return out
 }
 
 // subscribe sends one SUBSCRIBE for subs and waits, within

@@ -132,23 +132,11 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 	lost := make(chan error, 1)
 	var cli paho.Client
 	var acks *acker
-	var err error
-	// Connect: at most two attempts, each within connect_timeout.
-	for try := range 2 {
-		if !s.valid() {
-			return ErrTenureEnded
-		}
-		broker := s.cfg.Brokers[(attempt*2+try)%len(s.cfg.Brokers)]
+	err := transport.Dial(actCtx, s.cfg, attempt, s.valid, s.log, func(ctx context.Context, broker string) (err error) {
 		acks = &acker{valid: s.valid}
-		cli, err = s.connect(actCtx, broker, acks, lost)
-		if err == nil {
-			break
-		}
-		s.log.Warn("mqtt connect failed", "broker", broker, "err", err)
-		if actCtx.Err() != nil {
-			break
-		}
-	}
+		cli, err = s.connect(ctx, broker, acks, lost)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -158,38 +146,17 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 		cli.Disconnect(250)
 	}()
 	s.setLevel(transport.LevelDegraded)
-
-	// Reconcile: UNSUBSCRIBE the filters a resumed session holds that the
-	// configuration no longer wants, SUBSCRIBE every wanted filter, and the
-	// refused ones once more, each wait within reconcile_timeout.
-	previous := s.state().Load()
-	if !s.SessionPresent() {
-		previous = nil // a new broker session holds no subscriptions
-	}
-	if stale := transport.StaleFilters(previous, s.cfg.Subscriptions); len(stale) > 0 {
-		if err := s.wait(actCtx, cli.Unsubscribe(stale...)); err != nil {
-			return fmt.Errorf("%w: unsubscribe removed filters: %v", ErrActivation, err)
-		}
-		s.log.Info("unsubscribed filters no longer configured", "filters", stale)
-		previous = nil
-	}
-	granted, err := s.subscribe(actCtx, cli, s.cfg.Subscriptions)
+	full, err := transport.Reconcile(actCtx, s.cfg, s.state(), transport.Reconciler{
+		SessionPresent: s.SessionPresent(),
+		Unsubscribe:    func(ctx context.Context, filters []string) error { return s.wait(ctx, cli.Unsubscribe(filters...)) },
+		Subscribe: func(ctx context.Context, subs []transport.Subscription) (map[string]bool, error) {
+			return s.subscribe(ctx, cli, subs)
+		},
+	}, s.log)
 	if err != nil {
-		return fmt.Errorf("%w: subscribe: %v", ErrActivation, err)
+		return err
 	}
-	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
-		g2, err := s.subscribe(actCtx, cli, missing)
-		if err != nil {
-			return fmt.Errorf("%w: subscribe retry: %v", ErrActivation, err)
-		}
-		for k := range g2 {
-			granted[k] = true
-		}
-	}
-	s.state().Save(previous, granted)
-	if missing := transport.MissingOf(s.cfg.Subscriptions, granted); len(missing) > 0 {
-		s.log.Error("broker refused subscriptions; serving degraded", "filters", filters(missing))
-	} else {
+	if full {
 		s.mu.Lock()
 		s.activatedAt = time.Now()
 		s.mu.Unlock()
@@ -379,14 +346,6 @@ func (a *acker) release(p *pending) {
 		}
 		r.m.Ack()
 	}
-}
-
-func filters(subs []transport.Subscription) []string {
-	out := make([]string, len(subs))
-	for i, s := range subs {
-		out[i] = s.Filter
-	}
-	return out
 }
 
 // state is the session's subscription state file.
