@@ -15,8 +15,8 @@ import (
 
 	bridgeconfig "github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
-	"github.com/myriarch/myriarch/internal/fleet/configs"
 	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
+	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
