@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/budget"
@@ -64,6 +65,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		}
 		if r.Admitted {
 			fmt.Fprintf(stdout, "%s: configuration valid; every exclusive session admitted\n", r.Config)
+		} else {
+			fmt.Fprintf(stdout, "%s: configuration refused: %d problem(s), listed on standard error\n", r.Config, len(r.Errors))
 		}
 	}
 	for _, e := range r.Errors {
@@ -91,14 +94,43 @@ func check(file string) checkReport {
 		return r
 	}
 	r.Warnings = append(r.Warnings, cfg.Warnings...)
-	r.Sessions = sessionReports(cfg)
+	r.Sessions = sessionReports(cfg, problems)
 	return r
+}
+
+// sessionProblems are the problems of the configuration that concern
+// session id: on the session itself (sessions[i]), on a route that uses it
+// (routes[j]), or naming it (a divergence between its routes).
+func sessionProblems(cfg *config.Config, problems config.Problems, id string) []string {
+	var out []string
+	for _, p := range problems {
+		mine := strings.Contains(p.Rule, fmt.Sprintf("session %q", id))
+		for i, s := range cfg.Sessions {
+			mine = mine || (s.ID == id && within(p.Path, fmt.Sprintf("sessions[%d]", i)))
+		}
+		for j, rt := range cfg.Routes {
+			mine = mine || (rt.Session == id && within(p.Path, fmt.Sprintf("routes[%d]", j)))
+		}
+		if mine {
+			out = append(out, p.Error())
+		}
+	}
+	return out
+}
+
+// within reports whether path is prefix or below it.
+func within(path, prefix string) bool {
+	rest, ok := strings.CutPrefix(path, prefix)
+	return ok && (rest == "" || rest[0] == '.' || rest[0] == '[')
 }
 
 // sessionReports discloses every exclusive session that a route uses: its
 // canonical assessment, or, when its routes could not be canonicalized,
-// the assessment of its first route.
-func sessionReports(cfg *config.Config) []budget.BridgeReport {
+// the assessment of its first route. A session's verdict agrees with the
+// exit status: in a refused configuration no session is admitted (a
+// refused file runs nothing), and each report lists the problems that
+// concern its session.
+func sessionReports(cfg *config.Config, problems config.Problems) []budget.BridgeReport {
 	var out []budget.BridgeReport
 	for _, s := range cfg.Sessions {
 		if s.Mode != config.Exclusive {
@@ -118,6 +150,15 @@ func sessionReports(cfg *config.Config) []budget.BridgeReport {
 		if q, ok := cfg.QueueRoom[s.ID]; ok {
 			// A refusal is already among the config's problems.
 			rep.WithQueueRoom(q)
+		}
+		if len(problems) > 0 {
+			// The configuration's problems hold the assessment's own
+			// refusals too, with their file, line and key.
+			rep.Admitted = false
+			rep.Errors = sessionProblems(cfg, problems, s.ID)
+			if len(rep.Errors) == 0 {
+				rep.Errors = append(rep.Errors, fmt.Sprintf("the configuration is refused (%d problem(s) elsewhere in it), so no session runs", len(problems)))
+			}
 		}
 		out = append(out, rep)
 	}

@@ -77,3 +77,41 @@ func TestCheckQueueRoom(t *testing.T) {
 		t.Fatalf("session report: %v", s)
 	}
 }
+
+// A configuration refused for a problem that the session's own assessment
+// does not see (two routes of one session that disagree, a sender's
+// value) used to print "Verdict: admitted" on standard output and exit 2:
+// no session's verdict may say admitted when the exit status says refused.
+func TestCheckVerdictAgreesWithTheExitStatus(t *testing.T) {
+	second := "  - {id: rt, receiver: r, senders: [f], lease_ttl: 10s, step_down_grace: 3s, failover_slo: SLO, broker_health_step_down: 20s}\n" +
+		"  - {id: rt2, receiver: r, senders: [f], lease_ttl: 12s, step_down_grace: 3s, failover_slo: SLO, broker_health_step_down: 20s}\n"
+	for _, c := range []struct{ name, body, sessionError string }{
+		{"routes that disagree", strings.Replace(checkConfig,
+			"  - {id: rt, receiver: r, senders: [f], lease_ttl: 10s, step_down_grace: 3s, failover_slo: SLO, broker_health_step_down: 20s}\n", second, 1),
+			`session "plant": routes[0] "rt" and routes[1] "rt2" disagree on lease_ttl (10s vs 12s)`},
+		{"a problem elsewhere", strings.Replace(checkConfig, "file: {path: /tmp/f.jsonl}", "file: {path: /tmp/f.jsonl}, retry: {max_attempts: -1}", 1),
+			"the configuration is refused (1 problem(s) elsewhere in it), so no session runs"},
+	} {
+		p := filepath.Join(t.TempDir(), "bridge.yaml")
+		if err := os.WriteFile(p, []byte(strings.ReplaceAll(c.body, "SLO", "120s")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		code := commands.Dispatch([]string{"check", "-c", p}, &out, &errb)
+		if code != 2 || strings.Contains(out.String(), "Verdict: admitted") || !strings.Contains(out.String(), "Verdict: NOT admitted") ||
+			!strings.Contains(out.String(), "error: ") || !strings.Contains(out.String(), c.sessionError) ||
+			!strings.Contains(out.String(), p+": configuration refused: 1 problem(s)") {
+			t.Errorf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", c.name, code, out.String(), errb.String())
+		}
+		out.Reset()
+		errb.Reset()
+		code = commands.Dispatch([]string{"check", "-c", p, "--json"}, &out, &errb)
+		var r checkReport
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		if code != 2 || r.Admitted || len(r.Sessions) != 1 || r.Sessions[0].Admitted || !strings.Contains(strings.Join(r.Sessions[0].Errors, "\n"), c.sessionError) {
+			t.Errorf("%s --json: exit %d: %s", c.name, code, out.String())
+		}
+	}
+}

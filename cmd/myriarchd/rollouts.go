@@ -229,7 +229,12 @@ func runConfig(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "%s configuration %s\n", verb, pos[0])
 	case "revise":
-		rev, created, err := svc.AddRevision(ctx, pos[0], string(content), revoker(), "")
+		// Problems name the file (its line and key), not "config".
+		source := *file
+		if source == "-" {
+			source = "standard input"
+		}
+		rev, created, err := svc.AddRevisionFrom(ctx, pos[0], source, string(content), revoker(), "")
 		if err != nil {
 			return fail(stderr, prog, err)
 		}

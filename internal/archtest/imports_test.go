@@ -277,7 +277,7 @@ func TestLayersCatchPlantedViolations(t *testing.T) {
 		{"bridge and fleet never import each other", module + "/internal/bridge/runtime", module + "/internal/fleet/config", module + "/internal/bridge/runtime links " + module + "/internal/fleet/config"},
 		{"production binaries link no test or lab machinery", module + "/internal/bridge/runtime", module + "/internal/pgtest", module + "/cmd/myriarch-bridge links " + module + "/internal/pgtest"},
 		{"production binaries link no test or lab machinery", module + "/internal/fleet/daemon", module + "/internal/bridge/embroker", "github.com/mochi-mqtt/server/v2"},
-		{"production binaries link no test or lab machinery", module + "/internal/fleet/api", module + "/internal/fleet/fleettest", "links testing through " + module + "/internal/fleet/fleettest"},
+		{"production binaries link no test or lab machinery", module + "/internal/fleet/api", module + "/internal/fleet/fleettest", module + "/cmd/myriarchd links " + module + "/internal/fleet/fleettest"},
 	} {
 		if _, ok := g[tc.to]; !ok {
 			t.Fatalf("%s is not in the graph", tc.to)

@@ -75,7 +75,36 @@ func Parse(name string, data []byte) (*Config, error) {
 // resolved (nil only when the YAML itself is unusable), so that
 // `myriarch-bridge check` can show the budgets of refused sessions.
 func Check(name string, data []byte) (*Config, Problems) {
-	v := &validator{file: name, lines: map[string]int{}}
+	return check(&validator{file: name, lines: map[string]int{}}, data)
+}
+
+// CheckRemote is Check away from the host of the bridge that will run the
+// configuration: myriarchd runs it before it stores or sends one. It runs
+// every rule that does not need that host (syntax, keys, single values,
+// the rules that relate keys, admission) and reads nothing: the files named
+// by password_file, dsn_file, enrollment_secret_file and tls (ca_file,
+// cert_file, key_file), and the variables named by *_env, are the bridge
+// host's. The bridge checks them when it applies the configuration (Check,
+// through runtime.Bridge.ApplyFile) and reports a missing one, named, as
+// FAILED. A Config it returns has no secrets in it: it is for reports, not
+// for running.
+func CheckRemote(name string, data []byte) (*Config, Problems) {
+	return check(&validator{file: name, lines: map[string]int{}, remote: true}, data)
+}
+
+// ValidateRemote is CheckRemote as myriarchd's validator of the
+// configuration type myriarch-bridge (cmd/myriarchd registers it): nil, or
+// an error that lists every problem, each naming source (a file given on
+// myriarchd's command line, or "config"), line, key, value and rule.
+func ValidateRemote(source, content string) error {
+	if _, problems := CheckRemote(source, []byte(content)); len(problems) > 0 {
+		return fmt.Errorf("refused by the bridge's check: %w", problems)
+	}
+	return nil
+}
+
+func check(v *validator, data []byte) (*Config, Problems) {
+	name := v.file
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, Problems{{File: name, Rule: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}

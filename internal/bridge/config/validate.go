@@ -23,6 +23,10 @@ type validator struct {
 	// sender is the id and type of the sender being walked, for the
 	// problem of a key that belongs to another sender type.
 	sender [2]string
+	// remote: the check runs away from the bridge's host (CheckRemote):
+	// the files and environment variables that the configuration names
+	// are not read.
+	remote bool
 }
 
 func (v *validator) line(path string) int {
@@ -84,6 +88,8 @@ func (v *validator) secret(path, file, env string) Secret {
 	switch {
 	case file != "" && env != "":
 		v.add(path+"_file", file, "set either %s_file or %s_env, not both", filepath.Base(path), filepath.Base(path))
+	case v.remote:
+		// The file or variable is the bridge host's; the bridge reads it.
 	case file != "":
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -109,7 +115,7 @@ func (v *validator) tls(path string, t *TLS) *TLSSettings {
 		v.add(path, nil, "cert_file and key_file must be set together")
 	}
 	for _, f := range []struct{ k, p string }{{"ca_file", t.CAFile}, {"cert_file", t.CertFile}, {"key_file", t.KeyFile}} {
-		if f.p == "" {
+		if f.p == "" || v.remote {
 			continue
 		}
 		if _, err := os.Stat(f.p); err != nil {

@@ -45,6 +45,9 @@ func serviceErr(w http.ResponseWriter, err error, what string) {
 	var inv1 *configs.InvalidError
 	var inv2 *rollout.InvalidError
 	switch {
+	case errors.As(err, &inv1) && inv1.Content:
+		// Content its type's checks refuse: 422, as PUT .../agents/{uid}/config.
+		writeErr(w, http.StatusUnprocessableEntity, err.Error())
 	case errors.As(err, &inv1), errors.As(err, &inv2):
 		writeErr(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, store.ErrNotFound):

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
@@ -37,11 +39,15 @@ type Credentials interface {
 // as a bearer token:
 //   - a download token (tokens.go) issued for the artifact of the path, not
 //     expired, of an agent that is not revoked: what package offers carry;
-//   - an agent's own credential (mya_…, issue 17) that is not revoked: for
-//     an agent or tool that downloads with its connection credential.
+//   - an agent's own credential (mya_…, issue 17) that is not revoked, for
+//     an artifact that is offered to that agent now (a row of
+//     agent_package_offers with the path's digest): for an agent or tool
+//     that downloads with its connection credential.
 //
 // It refuses the enrollment secret: that is shared by the whole fleet and
-// cannot be revoked per agent (a revoked agent still knows it). Mutual-TLS
+// cannot be revoked per agent (a revoked agent still knows it). Nor does a
+// credential open an artifact that its agent was not offered: anyone who
+// knows the secret can enroll once and get a credential. Mutual-TLS
 // agents have no credential; their offers carry download tokens like
 // everyone's (the HTTP listener does not ask for client certificates).
 // A source that fails failuresPerMinute times is refused for the rest of
@@ -86,16 +92,35 @@ func checkAgent(r *http.Request, creds Credentials, tokens *Tokens) error {
 		}
 		return nil
 	case strings.HasPrefix(tok, store.CredentialPrefix):
-		_, ok, err := creds.CheckAgentCredential(ctx, tok)
+		uid, ok, err := creds.CheckAgentCredential(ctx, tok)
 		if err != nil {
 			return fmt.Errorf("checking an agent credential: %w", err)
 		}
 		if !ok {
 			return fmt.Errorf("%w: unknown or revoked agent credential", ErrUnauthorized)
 		}
+		digest := strings.TrimPrefix(r.URL.Path, PathPrefix)
+		offered, err := offeredTo(ctx, tokens.pool, uid, digest)
+		if err != nil {
+			return fmt.Errorf("checking the offers of agent %s: %w", uid, err)
+		}
+		if !offered {
+			return fmt.Errorf("%w: agent %s was not offered %s", ErrUnauthorized, uid, digest)
+		}
 		return nil
 	}
 	return fmt.Errorf("%w: not a download token or an agent credential (the enrollment secret is not accepted)", ErrUnauthorized)
+}
+
+// offeredTo reports whether an offer to agent uid names the blob digest.
+func offeredTo(ctx context.Context, pool *pgxpool.Pool, uid, digest string) (bool, error) {
+	if !validDigest(digest) {
+		return false, nil
+	}
+	var ok bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM agent_package_offers WHERE instance_uid = $1 AND digest = $2)`,
+		uid, digest).Scan(&ok)
+	return ok, err
 }
 
 // refuse answers a request that auth refused. The reason goes to the log,

@@ -28,7 +28,7 @@ func openStore(t *testing.T) *store.Store {
 // goroutine (so the tokens' clock can be moved between requests). No blob
 // is stored: an accepted request gets 404 (no such artifact), a refused
 // one 401 before the blob is looked up.
-func TestArtifactDownloadAcceptsOnlyTheAgentsTokenOrCredential(t *testing.T) {
+func TestArtifactDownloadAcceptsOnlyTheAgentsTokenOrOfferedCredential(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
 	tokens := artifacts.NewTokens(st.Pool)
@@ -61,6 +61,16 @@ func TestArtifactDownloadAcceptsOnlyTheAgentsTokenOrCredential(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// B enrolled too (anyone who knows the enrollment secret can) but was
+	// offered nothing; A was offered d1 only.
+	credB, err := st.IssueAgentCredential(ctx, uidB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool.Exec(ctx, `INSERT INTO agent_package_offers (instance_uid, package, version, asset, digest)
+		VALUES ($1, 'otelcol', 'v1.0.0', 'otelcol.tgz', $2)`, uidA, d1); err != nil {
+		t.Fatal(err)
+	}
 
 	if c := get(d1, ""); c != refused {
 		t.Fatalf("no credential: %d", c)
@@ -72,7 +82,18 @@ func TestArtifactDownloadAcceptsOnlyTheAgentsTokenOrCredential(t *testing.T) {
 		t.Fatalf("A's token for its artifact: %d", c)
 	}
 	if c := get(d1, credA); c != accepted {
-		t.Fatalf("A's own credential: %d", c)
+		t.Fatalf("A's own credential for the artifact offered to A: %d", c)
+	}
+	// A credential opens only what its agent was offered: one enrollment
+	// does not open every artifact.
+	if c := get(d2, credA); c != refused {
+		t.Fatalf("A's credential for d2, not offered to A: %d", c)
+	}
+	if c := get(d1, credB); c != refused {
+		t.Fatalf("B's credential (B offered nothing) for d1: %d", c)
+	}
+	if c := get("sha256:nothex", credA); c != refused {
+		t.Fatalf("A's credential for a path that is no digest: %d", c)
 	}
 	// B's token is for another artifact; A's token for d1 does not open d2.
 	if c := get(d1, tokB); c != refused {

@@ -5,7 +5,9 @@
 // Every key has the form section.name (for example ha.leaderSessionTimeout).
 // Its environment variable is MYRIARCH_ followed by the key in upper case
 // with the dot replaced by an underscore (MYRIARCH_HA_LEADERSESSIONTIMEOUT).
-// The environment overrides the file. Durations are Go duration strings.
+// The environment overrides the file; a MYRIARCH_* variable that names no
+// setting (and is not one of OtherEnv) is refused, naming the nearest known
+// one. Durations are Go duration strings.
 // Every problem is reported, each naming the key, the value and the rule;
 // a configuration with any problem is refused whole.
 package config
@@ -493,6 +495,45 @@ func Lookup(key string) (Setting, bool) {
 	return Setting{}, false
 }
 
+// OtherEnv are the MYRIARCH_* environment variables that are not settings
+// but that myriarchd's commands read (the file of serve, token, rollouts and
+// budget; the server and token of `myriarchd agent`). Load accepts them;
+// every other MYRIARCH_* variable that names no setting is refused.
+var OtherEnv = []string{"MYRIARCH_CONFIG", "MYRIARCH_SERVER", "MYRIARCH_TOKEN"}
+
+// unknownEnvRule is the refusal of an unknown MYRIARCH_* variable, naming
+// the known variable (and its key) nearest to it in edit distance.
+func unknownEnvRule(name string) string {
+	best, bestD := Setting{}, -1
+	for _, s := range Settings {
+		if d := editDistance(name, s.Env()); bestD < 0 || d < bestD {
+			best, bestD = s, d
+		}
+	}
+	return fmt.Sprintf("unknown environment variable (no setting has it); the nearest known one is %s (key %s)", best.Env(), best.Key)
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
 // FieldError is one refused value.
 type FieldError = failover.FieldError
 
@@ -563,6 +604,7 @@ func Load(src Source) (*Config, error) {
 	for _, s := range Settings {
 		known[s.Env()] = s
 	}
+	var unknownEnv []string
 	for _, kv := range env {
 		name, val, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(name, "MYRIARCH_") {
@@ -571,7 +613,15 @@ func Load(src Source) (*Config, error) {
 		if s, ok := known[name]; ok {
 			values[s.Key] = val
 			origin[s.Key] = name
+		} else if !slices.Contains(OtherEnv, name) {
+			unknownEnv = append(unknownEnv, name)
 		}
+	}
+	slices.Sort(unknownEnv)
+	for _, name := range unknownEnv {
+		// A misspelt variable would otherwise leave its key at the default
+		// without a word; the value is not shown (it may be a secret).
+		errs = append(errs, &FieldError{Field: name, Value: "(not shown)", Rule: unknownEnvRule(name)})
 	}
 	for k, v := range src.Overrides {
 		s, ok := Lookup(k)

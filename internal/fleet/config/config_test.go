@@ -175,3 +175,39 @@ func TestArtifactS3SettingsAreChecked(t *testing.T) {
 		t.Fatalf("complete S3 settings: %v", err)
 	}
 }
+
+// A misspelt variable used to be skipped without a word, leaving its key at
+// the default: MYRIARCH_SERVER_MAXREQUESTBYTE=-1 passed the check.
+func TestUnknownEnvironmentVariableIsRefusedNamingTheNearest(t *testing.T) {
+	_, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_SERVER_MAXREQUESTBYTE=-1")})
+	if err == nil {
+		t.Fatal("a misspelt MYRIARCH_SERVER_MAXREQUESTBYTE was accepted")
+	}
+	want := "MYRIARCH_SERVER_MAXREQUESTBYTE: (not shown): unknown environment variable (no setting has it); " +
+		"the nearest known one is MYRIARCH_SERVER_MAXREQUESTBYTES (key server.maxRequestBytes)"
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("got %v\nwant %q", err, want)
+	}
+	if strings.Contains(err.Error(), "-1") {
+		t.Fatalf("the value is echoed: %v", err)
+	}
+	// Every one is reported, and the commands' own variables are accepted.
+	_, err = Load(Source{Environ: append(base[:2:2], "MYRIARCH_HA_LEADERSESIONTIMEOUT=5s", "MYRIARCH_LOG_LEVL=debug",
+		"MYRIARCH_CONFIG=/etc/myriarchd.yaml", "MYRIARCH_TOKEN=myr_x", "MYRIARCH_SERVER=http://x", "OTHER_VAR=1")})
+	if err == nil {
+		t.Fatal("two misspelt variables were accepted")
+	}
+	for _, want := range []string{"nearest known one is MYRIARCH_HA_LEADERSESSIONTIMEOUT", "nearest known one is MYRIARCH_LOG_LEVEL"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+	for _, ok := range []string{"MYRIARCH_CONFIG", "MYRIARCH_TOKEN", "MYRIARCH_SERVER:", "OTHER_VAR"} {
+		if strings.Contains(err.Error(), ok) {
+			t.Errorf("%s refused: %v", ok, err)
+		}
+	}
+	if _, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_CONFIG=/x", "MYRIARCH_TOKEN=y", "MYRIARCH_SERVER=z")}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -15,9 +15,16 @@
 //
 // Validation runs before a revision is stored, so a configuration that the
 // agent would refuse never starts rolling: every type must be well-formed
-// YAML, and a myriarch-bridge configuration must pass the bridge's own
-// check (internal/bridge/config.Check), the same one `myriarch-bridge
-// check` runs.
+// YAML, and a type may have a validator that checks more. The validators
+// are registered by the program that assembles myriarchd (its composition
+// root, cmd/myriarchd): this package does not import the agents' code. For
+// myriarch-bridge that is the bridge's own check in its remote form
+// (internal/bridge/config.ValidateRemote): every rule that `myriarch-bridge
+// check` applies except reading the files and variables that the
+// configuration names, which exist on the bridge's host only; the bridge
+// checks those when it applies the configuration and reports a missing one
+// as FAILED. A type whose validator is not registered is refused, not
+// stored unchecked.
 package configs
 
 import (
@@ -28,11 +35,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"go.yaml.in/yaml/v3"
 
-	bridgeconfig "github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -42,16 +49,42 @@ const (
 	TypeBridge = "myriarch-bridge"
 )
 
-// Validators are the validation hooks per type.
-var Validators = map[string]func(content string) error{
-	TypeYAML:   validateYAML,
-	TypeBridge: validateBridge,
+// Validator checks the content of a configuration of one type, after it
+// was found well-formed YAML. source names where the content came from (a
+// file given on the command line, or "config"), so that its problems name
+// that place.
+type Validator func(source, content string) error
+
+var (
+	validatorsMu sync.RWMutex
+	// validators by type; nil for a known type whose validator is not
+	// registered in this program. Plain YAML needs nothing more than being
+	// well-formed.
+	validators = map[string]Validator{TypeYAML: func(string, string) error { return nil }, TypeBridge: nil}
+)
+
+// RegisterValidator sets the validator of type typ (a new type becomes
+// known). The composition root calls it before anything validates:
+// cmd/myriarchd registers the bridge's check for TypeBridge.
+func RegisterValidator(typ string, v Validator) {
+	validatorsMu.Lock()
+	defer validatorsMu.Unlock()
+	validators[typ] = v
+}
+
+func validatorOf(typ string) (Validator, bool) {
+	validatorsMu.RLock()
+	defer validatorsMu.RUnlock()
+	v, ok := validators[typ]
+	return v, ok
 }
 
 // Types lists the known types.
 func Types() []string {
-	out := make([]string, 0, len(Validators))
-	for t := range Validators {
+	validatorsMu.RLock()
+	defer validatorsMu.RUnlock()
+	out := make([]string, 0, len(validators))
+	for t := range validators {
 		out = append(out, t)
 	}
 	sort.Strings(out)
@@ -66,26 +99,30 @@ func validateYAML(content string) error {
 	return nil
 }
 
-func validateBridge(content string) error {
-	if err := validateYAML(content); err != nil {
-		return err
-	}
-	if _, problems := bridgeconfig.Check("config", []byte(content)); len(problems) > 0 {
-		return fmt.Errorf("refused by the bridge's check: %w", problems)
-	}
-	return nil
-}
+// DefaultSource is the source of content that came without a file name
+// (the API, the UI, GitOps).
+const DefaultSource = "config"
 
-// Validate runs the hook of typ on content.
-func Validate(typ, content string) error {
-	v, ok := Validators[typ]
+// Validate runs the checks of typ on content (source DefaultSource).
+func Validate(typ, content string) error { return ValidateFrom(typ, DefaultSource, content) }
+
+// ValidateFrom is Validate for content read from source (a file name).
+func ValidateFrom(typ, source, content string) error {
+	v, ok := validatorOf(typ)
 	if !ok {
 		return fmt.Errorf("type %q: must be one of %s", typ, strings.Join(Types(), ", "))
 	}
 	if strings.TrimSpace(content) == "" {
 		return errors.New("content: must not be empty")
 	}
-	if err := v(content); err != nil {
+	err := validateYAML(content)
+	if err == nil && v == nil {
+		err = errors.New("no check for this type is registered in this program; its revisions are refused rather than stored unchecked")
+	}
+	if err == nil && v != nil {
+		err = v(source, content)
+	}
+	if err != nil {
 		return fmt.Errorf("content (type %s): %w", typ, err)
 	}
 	return nil
@@ -107,7 +144,7 @@ func CheckDef(c store.ConfigDef) error {
 	if err := CheckName(c.Name); err != nil {
 		errs = append(errs, err)
 	}
-	if _, ok := Validators[c.Type]; !ok {
+	if _, ok := validatorOf(c.Type); !ok {
 		errs = append(errs, fmt.Errorf("type %q: must be one of %s", c.Type, strings.Join(Types(), ", ")))
 	}
 	for k := range c.Selector {
@@ -129,7 +166,7 @@ type Service struct {
 // Put creates or updates a configuration definition.
 func (s Service) Put(ctx context.Context, c store.ConfigDef) (bool, error) {
 	if err := CheckDef(c); err != nil {
-		return false, &InvalidError{err}
+		return false, &InvalidError{Err: err}
 	}
 	var created bool
 	err := pgx.BeginFunc(ctx, s.Store.Pool, func(tx pgx.Tx) error {
@@ -138,7 +175,7 @@ func (s Service) Put(ctx context.Context, c store.ConfigDef) (bool, error) {
 		return err
 	})
 	if errors.Is(err, store.ErrTypeChange) {
-		return false, &InvalidError{err}
+		return false, &InvalidError{Err: err}
 	}
 	return created, err
 }
@@ -146,11 +183,17 @@ func (s Service) Put(ctx context.Context, c store.ConfigDef) (bool, error) {
 // AddRevision validates content against the type of configuration name and
 // stores it as its next revision (unless it equals the newest one).
 func (s Service) AddRevision(ctx context.Context, name, content, author, commit string) (store.Revision, bool, error) {
+	return s.AddRevisionFrom(ctx, name, DefaultSource, content, author, commit)
+}
+
+// AddRevisionFrom is AddRevision for content read from source (a file
+// name), which its problems name.
+func (s Service) AddRevisionFrom(ctx context.Context, name, source, content, author, commit string) (store.Revision, bool, error) {
 	var rev store.Revision
 	var created bool
 	err := pgx.BeginFunc(ctx, s.Store.Pool, func(tx pgx.Tx) error {
 		var err error
-		rev, created, err = AddRevision(ctx, tx, name, content, author, commit)
+		rev, created, err = addRevision(ctx, tx, name, source, content, author, commit)
 		return err
 	})
 	return rev, created, err
@@ -159,18 +202,27 @@ func (s Service) AddRevision(ctx context.Context, name, content, author, commit 
 // AddRevision is Service.AddRevision inside a caller's transaction (GitOps
 // writes it in a fenced one).
 func AddRevision(ctx context.Context, q store.Querier, name, content, author, commit string) (store.Revision, bool, error) {
+	return addRevision(ctx, q, name, DefaultSource, content, author, commit)
+}
+
+func addRevision(ctx context.Context, q store.Querier, name, source, content, author, commit string) (store.Revision, bool, error) {
 	c, err := store.GetConfig(ctx, q, name)
 	if err != nil {
 		return store.Revision{}, false, err
 	}
-	if err := Validate(c.Type, content); err != nil {
-		return store.Revision{}, false, &InvalidError{err}
+	if err := ValidateFrom(c.Type, source, content); err != nil {
+		return store.Revision{}, false, &InvalidError{Err: err, Content: true}
 	}
 	return store.AddRevision(ctx, q, name, content, author, commit)
 }
 
-// InvalidError is refused input (HTTP 400).
-type InvalidError struct{ Err error }
+// InvalidError is refused input: a bad definition or request (HTTP 400),
+// or, with Content, content that its type's checks refuse (HTTP 422, as
+// for an agent's own remote configuration).
+type InvalidError struct {
+	Err     error
+	Content bool
+}
 
 func (e *InvalidError) Error() string { return e.Err.Error() }
 func (e *InvalidError) Unwrap() error { return e.Err }

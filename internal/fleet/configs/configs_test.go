@@ -1,67 +1,59 @@
 package configs
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-const bridgeGood = `
-bridge:
-  id: plant-bridge
-  instance_id: a
-  deployment_mode: standalone
-  http: {listen: "127.0.0.1:0"}
-stores:
-  lease: {type: sqlite, path: /tmp/lease.db}
-sessions:
-  - id: plant
-    session_mode: exclusive
-    brokers: ["tcp://127.0.0.1:1883"]
-    client_id: plant-bridge
-    connect_timeout: 2s
-    reconcile_timeout: 2s
-    unmatched_grace: 1s
-receivers:
-  - id: telemetry
-    session: plant
-    topics:
-      - {filter: "plant/+/telemetry", qos: 1}
-senders:
-  - id: archive
-    type: file
-    file: {path: /tmp/archive.jsonl}
-routes:
-  - id: telemetry-archive
-    receiver: telemetry
-    senders: [archive]
-    lease_ttl: 10s
-    step_down_grace: 3s
-    failover_slo: 120s
-    broker_health_step_down: 20s
-`
-
+// The bridge's real check is registered by cmd/myriarchd and tested there
+// (cmd/myriarchd/validators_test.go); these tests are about this package's
+// part: YAML, the registry, the source handed to a validator.
 func TestValidate(t *testing.T) {
-	if err := Validate(TypeBridge, bridgeGood); err != nil {
-		t.Fatalf("good bridge config refused: %v", err)
-	}
 	if err := Validate(TypeYAML, "a: 1\nb: [1, 2]\n"); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ typ, content, want string }{
 		{TypeYAML, "a: [1\n", "content (type yaml): not well-formed YAML"},
 		{TypeYAML, "  \n", "content: must not be empty"},
-		{TypeBridge, "a: [1\n", "not well-formed YAML"},
-		// The bridge's own check: a step_down_grace not below the lease TTL.
-		{TypeBridge, strings.Replace(bridgeGood, "step_down_grace: 3s", "step_down_grace: 30s", 1), "refused by the bridge's check"},
-		{TypeBridge, bridgeGood + "unknown_section: 1\n", "refused by the bridge's check"},
+		{TypeBridge, "a: [1\n", "content (type myriarch-bridge): not well-formed YAML"},
 		{"json", "{}", `type "json": must be one of myriarch-bridge, yaml`},
 	} {
 		err := Validate(c.typ, c.content)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s %q: %v, want %q", c.typ, c.content, err, c.want)
 		}
+	}
+}
+
+// Without a registered validator, a bridge configuration is refused: this
+// package must not store what nobody checked. Not parallel: it changes the
+// registry.
+func TestTypeWithoutRegisteredValidatorIsRefused(t *testing.T) {
+	old, _ := validatorOf(TypeBridge)
+	t.Cleanup(func() { RegisterValidator(TypeBridge, old) })
+	RegisterValidator(TypeBridge, nil)
+	err := Validate(TypeBridge, "bridge: {id: b}\n")
+	if err == nil || !strings.Contains(err.Error(), "content (type myriarch-bridge): no check for this type is registered") {
+		t.Fatalf("unchecked bridge configuration: %v", err)
+	}
+	// A fake stands in for the bridge's check: the subject is what the
+	// registry hands it (the source and the content) and how its refusal
+	// is worded, not the bridge's rules.
+	var gotSource, gotContent string
+	RegisterValidator(TypeBridge, func(source, content string) error {
+		gotSource, gotContent = source, content
+		return errors.New(source + ":3: routes[0].failover_slo: refused")
+	})
+	err = ValidateFrom(TypeBridge, "edge.yaml", "bridge: {id: b}\n")
+	if err == nil || err.Error() != "content (type myriarch-bridge): edge.yaml:3: routes[0].failover_slo: refused" ||
+		gotSource != "edge.yaml" || gotContent != "bridge: {id: b}\n" {
+		t.Fatalf("got %v from source %q content %q", err, gotSource, gotContent)
+	}
+	if err := Validate(TypeBridge, "a: 1\n"); err == nil || gotSource != DefaultSource {
+		t.Fatalf("default source %q: %v", gotSource, err)
 	}
 }
 

@@ -180,7 +180,7 @@ func offerAndWait(t *testing.T, c client, uid, version string) pkgStatus {
 // offer's download token, verifies it and reports it installed. The token
 // is the agent's own for that artifact: the enrollment secret and the
 // token on another artifact are refused by both replicas; the agent's own
-// credential is accepted.
+// credential is accepted for the offered artifact only.
 func TestPlainHTTPAgentGetsOffersDownloadsAndReportsStatus(t *testing.T) {
 	e := startSoftwareEnv(t, nil)
 	ps := newPkgStore(e.pub)
@@ -205,7 +205,8 @@ func TestPlainHTTPAgentGetsOffersDownloadsAndReportsStatus(t *testing.T) {
 	}
 	sum1, sum2 := sha256.Sum256(v1), sha256.Sum256(v2)
 	d1, d2 := "sha256:"+hex.EncodeToString(sum1[:]), "sha256:"+hex.EncodeToString(sum2[:])
-	// The agent's own credential opens any stored artifact.
+	// The agent's own credential opens the artifact offered to it (v1)
+	// and no other stored one (v2 was released but not offered to it).
 	cred, err := e.a.Store.IssueAgentCredential(context.Background(), uid)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func TestPlainHTTPAgentGetsOffersDownloadsAndReportsStatus(t *testing.T) {
 		for _, c := range []struct {
 			digest, auth string
 			want         int
-		}{{d1, auth, 200}, {d2, auth, 401}, {d1, "Bearer " + secret, 401}, {d1, "", 401}, {d2, "Bearer " + cred, 200}} {
+		}{{d1, auth, 200}, {d2, auth, 401}, {d1, "Bearer " + secret, 401}, {d1, "", 401}, {d1, "Bearer " + cred, 200}, {d2, "Bearer " + cred, 401}} {
 			req, _ := http.NewRequest(http.MethodGet, "http://"+replica.HTTPAddr().String()+artifacts.PathPrefix+c.digest, nil)
 			if c.auth != "" {
 				req.Header.Set("Authorization", c.auth)

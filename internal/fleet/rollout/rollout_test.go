@@ -234,7 +234,7 @@ func TestRolloutLifecycle(t *testing.T) {
 		t.Errorf("bad selector: %d", c)
 	}
 	var er map[string]string
-	if c := e.call("POST", "/api/v1/configs/edge/revisions", map[string]any{"content": "a: [1"}, &er); c != 400 || !strings.Contains(er["error"], "not well-formed YAML") {
+	if c := e.call("POST", "/api/v1/configs/edge/revisions", map[string]any{"content": "a: [1"}, &er); c != 422 || !strings.Contains(er["error"], "not well-formed YAML") {
 		t.Errorf("bad YAML: %d %v", c, er)
 	}
 	var rr struct {
