@@ -100,7 +100,9 @@ func TestSecretOverHTTPCannotTakeOverAWebSocketAgent(t *testing.T) {
 		t.Fatal("X was never offered a credential")
 	}
 	credX := x.Credential()
-	agentIs(t, st, x.UIDString(), func(ag store.Agent) bool { return ag.Status == "online" && ag.Identifying["service.name"] == "test-agent" })
+	agentIs(t, st, x.UIDString(), func(ag store.Agent) bool {
+		return ag.Status == "online" && ag.Identifying["service.name"] == "test-agent"
+	})
 	if !fleettest.Eventually(30*time.Second, func() bool { return r.srv.liveConn(x.UIDString()) != nil }) {
 		t.Fatal("X is not connected with its credential")
 	}

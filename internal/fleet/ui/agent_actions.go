@@ -52,9 +52,9 @@ func (h *handler) revokeAgent(w http.ResponseWriter, r *http.Request) {
 // notices are the outcomes an action redirects to (?done=...); a code,
 // not free text, so that a link cannot put words on the page.
 var notices = map[string]string{
-	"restart": "Restart requested; the replica the agent is connected to sends it.",
-	"cleared": "Desired config cleared; the agent is sent an empty config.",
-	"revoked": "Agent revoked: it is disconnected and can neither connect nor enroll again.",
+	"restart":  "Restart requested; the replica the agent is connected to sends it.",
+	"cleared":  "Desired config cleared; the agent is sent an empty config.",
+	"revoked":  "Agent revoked: it is disconnected and can neither connect nor enroll again.",
 	"reenroll": "Re-enrollment allowed: the agent's next enrollment with the secret gets a new credential (once).",
 }
 
