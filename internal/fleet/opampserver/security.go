@@ -37,12 +37,13 @@ import (
 // closes its connection when the notification arrives.
 //
 // Duplicate UIDs (a cloned VM, a copied state directory): a second
-// connection of a UID that is connected here and alive is refused before
-// the upgrade when it presents a credential (409 with Retry-After, so the
-// client backs off), and is told to take a new instance UID
-// (AgentIdentification.new_instance_uid) when it enrolls with the secret;
-// on top, each UID may open only ReconnectsPerMinute connections per
-// minute here. The old behaviour, the newcomer closing the old
+// connection of a UID that is connected here over WebSocket and alive is
+// refused before the upgrade when it presents a credential, on either
+// transport (409 with Retry-After, so the client backs off), and is told
+// to take a new instance UID (AgentIdentification.new_instance_uid) when
+// it enrolls with the secret, on either transport (see admit for the
+// whole rule); on top, each UID may open only ReconnectsPerMinute
+// WebSocket connections per minute here. The old behaviour, the newcomer closing the old
 // connection, made two agents with one UID kick each other off hundreds
 // of times a second.
 
