@@ -146,6 +146,23 @@ func TestSecretOverHTTPCannotTakeOverAWebSocketAgent(t *testing.T) {
 	if ag, _ := st.GetAgent(ctx, x.UIDString()); ag.Identifying["service.name"] != "test-agent" {
 		t.Fatalf("the copied credential overwrote X: %+v", ag.Identifying)
 	}
+	// The same at another replica (X's WebSocket is on r1).
+	r2 := newRig(t, st, "r2", "n2")
+	defer r2.stop(t)
+	code, hdr, _ = postHdr(t, r2.url, credX, &protobufs.AgentToServer{InstanceUid: uidBytes(t, x.UIDString()),
+		AgentDescription: description("service.name", "copy")})
+	if code != http.StatusConflict || hdr.Get("Retry-After") == "" {
+		t.Fatalf("copied credential over plain HTTP at another replica: HTTP %d; want 409 with Retry-After", code)
+	}
+	if ag, _ := st.GetAgent(ctx, x.UIDString()); ag.Identifying["service.name"] != "test-agent" {
+		t.Fatalf("the copied credential overwrote X: %+v", ag.Identifying)
+	}
+	// The secret at another replica: X is online on r1.
+	code, _, resp := postHdr(t, r2.url, secret, &protobufs.AgentToServer{InstanceUid: uidBytes(t, x.UIDString()),
+		Capabilities: acceptsSettings, AgentDescription: description("service.name", "attacker")})
+	if code != http.StatusOK || resp.ConnectionSettings != nil || resp.AgentIdentification == nil {
+		t.Fatalf("the secret at another replica: HTTP %d, %v", code, resp)
+	}
 
 	// X offline: the secret still cannot enroll its UID ...
 	if err := x.Stop(ctx); err != nil {
@@ -170,7 +187,7 @@ func TestSecretOverHTTPCannotTakeOverAWebSocketAgent(t *testing.T) {
 	if _, err := st.AllowReenroll(ctx, x.UIDString(), "token:test"); err != nil {
 		t.Fatal(err)
 	}
-	resp := claim()
+	resp = claim()
 	if resp.ConnectionSettings == nil || resp.AgentIdentification != nil {
 		t.Fatalf("the allowed re-enrollment got no credential: %v", resp)
 	}

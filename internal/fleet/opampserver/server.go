@@ -391,16 +391,34 @@ func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
 		if ws && !s.reconnects.Allow(a.uid) {
 			return refuse(http.StatusTooManyRequests, "30")
 		}
+		other := ""
 		if s.liveConn(a.uid) != nil {
+			other = "this replica"
+		} else if !ws && !s.knownHTTP(a.uid) {
+			// The first poll here: the agent may be connected over
+			// WebSocket to another replica. Later polls are not checked
+			// again (one query per new plain-HTTP agent, not per poll).
+			ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+			rep, ok, err := s.o.Store.ConnectedElsewhere(ctx, a.uid, HTTPConnID, s.o.OfflineAfter)
+			cancel()
+			if err != nil {
+				s.log.Warn("checking an agent's connection failed", "agent", a.uid, "error", err)
+				return refuse(http.StatusServiceUnavailable, "5")
+			}
+			if ok {
+				other = "replica " + rep
+			}
+		}
+		if other != "" {
 			tr := "plain HTTP"
 			if ws {
 				tr = "WebSocket"
 			}
 			if n, ok := s.storm.hit("second "+a.uid, now); ok {
-				s.log.Warn("refused a second connection for an agent that is connected here over WebSocket; is its credential copied?",
-					"agent", a.uid, "source", src, "transport", tr, "count", n)
+				s.log.Warn("refused a second connection for an agent that is connected over WebSocket; is its credential copied?",
+					"agent", a.uid, "source", src, "transport", tr, "connected_to", other, "count", n)
 				s.o.Batcher.Event(store.Event{InstanceUID: a.uid, At: now, Kind: store.EventEnrollRefused, ReplicaID: s.o.ReplicaID,
-					Detail: countDetail(fmt.Sprintf("a second connection with the agent's credential over %s from %s refused (409): the agent is connected over WebSocket", tr, src), n)})
+					Detail: countDetail(fmt.Sprintf("a second connection with the agent's credential over %s from %s refused (409): the agent is connected over WebSocket to %s", tr, src, other), n)})
 			}
 			return refuse(http.StatusConflict, "30")
 		}
@@ -1006,4 +1024,11 @@ func (s *Server) pendingOffer(ctx context.Context, ac *agentConn, uid string, re
 		resp.ConnectionSettings = offer
 		resp.Capabilities |= uint64(protobufs.ServerCapabilities_ServerCapabilities_OffersConnectionSettings)
 	}
+}
+
+// knownHTTP reports whether uid polls this process over plain HTTP.
+func (s *Server) knownHTTP(uid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.http[uid] != nil
 }

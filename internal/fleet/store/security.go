@@ -344,3 +344,17 @@ func (s *Store) RevokedAmong(ctx context.Context, uids []string) (map[string]boo
 	_, err = pgx.ForEachRow(rows, []any{&uid}, func() error { out[uid] = true; return nil })
 	return out, err
 }
+
+// ConnectedElsewhere returns the replica agent uid is connected to over a
+// lasting connection (its connection id is not httpConnID), when it is
+// online and was seen within fresh; ok false otherwise. A plain-HTTP poll
+// with the agent's credential is then a second transport for one UID.
+func (s *Store) ConnectedElsewhere(ctx context.Context, uid, httpConnID string, fresh time.Duration) (replica string, ok bool, err error) {
+	err = s.Pool.QueryRow(ctx, `SELECT replica_id FROM agents WHERE instance_uid = $1 AND status = 'online'
+		AND connection_id <> $2 AND connection_id <> '' AND last_seen > now() - $3::interval`,
+		uid, httpConnID, fmt.Sprintf("%d microseconds", fresh.Microseconds())).Scan(&replica)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	return replica, err == nil, err
+}
