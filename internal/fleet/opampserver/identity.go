@@ -25,8 +25,10 @@ import (
 // Options.SecretBackoff, and further connections with the secret from it
 // get 429 with Retry-After before the upgrade. Credentials and client
 // certificates from that source still pass: agents behind the same NAT
-// that are enrolled are not affected, and a new agent there enrolls once
-// the window has passed.
+// that hold credentials are not affected. Agents there that connect with
+// the secret (new ones, or ones that never take a credential) wait too:
+// the UID is not known before the upgrade, so the source is all there is
+// to key on (a trade-off stated in docs/myriarchd.md, "Agent identity").
 
 // sourceBackoff remembers sources whose secret connections are refused
 // before the upgrade until a deadline.
