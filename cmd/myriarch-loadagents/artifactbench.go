@@ -125,7 +125,9 @@ func startBenchReplica(ctx context.Context, exe, id, dsn string, extra map[strin
 	}
 	r := &benchReplica{http: port()}
 	settings := map[string]string{"database.url": dsn, "server.enrollmentSecret": benchSecret, "ha.replicaId": id,
-		"server.httpListen": r.http, "server.opampListen": port(), "jobs.artifactPrefetchInterval": "1s", "log.level": "warn"}
+		"server.httpListen": r.http, "server.opampListen": port(), "jobs.artifactPrefetchInterval": "1s", "log.level": "warn",
+		// Thousands of new agents enroll from one address at once.
+		"server.enrollmentsPerMinute": "1000000"}
 	maps.Copy(settings, extra)
 	var env []string
 	for _, kv := range os.Environ() {

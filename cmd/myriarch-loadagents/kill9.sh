@@ -35,6 +35,9 @@ cleanup() {
 trap cleanup EXIT
 
 export MYRIARCH_LOG_LEVEL=warn
+# N new agents enroll at 500/s from one address: above the default
+# server.enrollmentsPerMinute (600), which guards against a leaked secret.
+export MYRIARCH_SERVER_ENROLLMENTSPERMINUTE=1000000
 MYRIARCH_HA_REPLICAID=replica-a MYRIARCH_SERVER_HTTPLISTEN=127.0.0.1:18081 MYRIARCH_SERVER_OPAMPLISTEN=127.0.0.1:14321 \
   "$W/myriarchd" --dev --dev-dir "$W/dev" > "$W/a.out" 2> "$W/a.err" &
 A=$!

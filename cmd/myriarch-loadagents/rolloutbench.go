@@ -138,7 +138,9 @@ func rolloutBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer)
 	httpAddr, opampAddr := port(), port()
 	const secret = "rollout-bench-secret-0123"
 	settings := map[string]string{"database.url": o.dsn, "server.enrollmentSecret": secret, "ha.replicaId": "bench",
-		"server.httpListen": httpAddr, "server.opampListen": opampAddr, "jobs.rolloutInterval": o.interval.String(), "log.level": "warn"}
+		"server.httpListen": httpAddr, "server.opampListen": opampAddr, "jobs.rolloutInterval": o.interval.String(), "log.level": "warn",
+		// Thousands of new agents enroll from one address at once.
+		"server.enrollmentsPerMinute": "1000000"}
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MYRIARCH_") {

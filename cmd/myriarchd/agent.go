@@ -19,7 +19,7 @@ import (
 func init() {
 	commands.Register(cli.Command{
 		Name:    "agent",
-		Summary: "commands to one agent through the REST API: agent show|restart|clear-config|revoke|rotate-credential UID",
+		Summary: "commands to one agent through the REST API: agent show|restart|clear-config|revoke|rotate-credential|allow-reenroll UID",
 		Run:     runAgent,
 	})
 }
@@ -30,6 +30,7 @@ const agentUsage = `Usage:
   myriarchd agent clear-config UID
   myriarchd agent revoke UID              (admin token)
   myriarchd agent rotate-credential UID   (admin token)
+  myriarchd agent allow-reenroll UID      (admin token)
 Flags (after the command): --server URL (env MYRIARCH_SERVER, default
 http://127.0.0.1:8080), --token TOKEN (env MYRIARCH_TOKEN; an API token from
 ` + "`myriarchd token create`" + `).
@@ -37,9 +38,12 @@ restart sends the OpAMP restart command (the agent must accept it and be
 online); clear-config clears the desired config, and the agent is sent an
 empty config (OpAMP's "no remote config"). revoke disconnects the agent at
 once on every replica; it can neither connect nor enroll again.
-rotate-credential sends the agent a new credential; the old one stops working.`
+rotate-credential sends the agent a new credential; the old one stops working.
+allow-reenroll lets an agent that holds a credential enroll once more with
+the enrollment secret (it lost its credential, or was reinstalled with its old
+instance UID); otherwise the secret never replaces an agent's credential.`
 
-var agentCommands = map[string]bool{"show": true, "restart": true, "clear-config": true, "revoke": true, "rotate-credential": true}
+var agentCommands = map[string]bool{"show": true, "restart": true, "clear-config": true, "revoke": true, "rotate-credential": true, "allow-reenroll": true}
 
 func runAgent(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || !agentCommands[args[0]] {
@@ -89,6 +93,8 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		method, path = http.MethodPost, path+"/revoke"
 	case "rotate-credential":
 		method, path = http.MethodPost, path+"/credential/rotate"
+	case "allow-reenroll":
+		method, path = http.MethodPost, path+"/credential/allow-reenroll"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,10 +11,11 @@ import (
 	"github.com/open-telemetry/opamp-go/protobufs"
 
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
-// `myriarchd agent show|restart|clear-config` through the REST API of a
+// `myriarchd agent show|restart|clear-config|allow-reenroll` through the REST API of a
 // running replica, with a real OpAMP agent.
 func TestAgentCommands(t *testing.T) {
 	pg := pgtest.New(t)
@@ -79,6 +81,23 @@ func TestAgentCommands(t *testing.T) {
 	}
 	if _, errOut, code = run("restart", "00000000-0000-4000-8000-000000000000"); code != 1 || !strings.Contains(errOut, "no agent") || !strings.Contains(errOut, "HTTP 404") {
 		t.Fatalf("unknown agent: %d %q", code, errOut)
+	}
+	// allow-reenroll: an agent without a credential needs none; one that
+	// holds a credential may enroll once more with the secret.
+	if _, errOut, code = run("allow-reenroll", uid); code != 1 || !strings.Contains(errOut, "has no credential") || !strings.Contains(errOut, "HTTP 404") {
+		t.Fatalf("allow-reenroll without a credential: %d %q", code, errOut)
+	}
+	if _, err := d.Store.IssueAgentCredential(ctx, uid); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code = run("allow-reenroll", uid); code != 0 || !strings.Contains(out, `"reenroll_allowed_by": "token cli`) {
+		t.Fatalf("allow-reenroll: %d %q %q", code, out, errOut)
+	}
+	if c, _, err := d.Store.AgentCredentialOf(ctx, uid); err != nil || c.ReenrollAllowedAt == nil {
+		t.Fatalf("allowance not stored: %+v %v", c, err)
+	}
+	if evs, err := d.Store.Events(ctx, uid, 100); err != nil || !slices.ContainsFunc(evs, func(e store.Event) bool { return e.Kind == store.EventReenrollAllowed }) {
+		t.Fatalf("no reenroll_allowed event: %v", err)
 	}
 	t.Setenv("MYRIARCH_TOKEN", "")
 	if _, errOut, code = run("show", uid); code != 2 || !strings.Contains(errOut, "--token") {

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // registerAgentCredentials adds the admin endpoints of agents' own
-// credentials: show, rotate, revoke.
+// credentials: show, rotate, revoke, allow re-enrollment.
 func (a *API) registerAgentCredentials(mux *http.ServeMux) {
+	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/credential/allow-reenroll", a.allowReenroll)
 	a.route(mux, store.RoleAdmin, "GET /api/v1/agents/{uid}/credential", a.getCredential)
 	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/credential/rotate", a.rotateCredential)
 	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/revoke", a.revokeAgent)
@@ -69,6 +71,37 @@ func (a *API) revokeAgent(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err.Error())
 	default:
 		a.o.Log.Info("agent revoked", "agent", uid, "by", c.RevokedBy)
+		writeJSON(w, http.StatusOK, c)
+	}
+}
+
+// AllowReenroll lets agent uid enroll once more with the enrollment
+// secret although it holds a credential (it lost it, or was reinstalled
+// with its old instance UID); without this the secret never replaces an
+// agent's credential (also used by the UI and the CLI through the API).
+// It is an agent event (reenroll_allowed) and a log line.
+func (a *API) AllowReenroll(ctx context.Context, uid string) (store.AgentCredential, error) {
+	c, err := a.o.Store.AllowReenroll(ctx, uid, tokenRef(ctx))
+	if err != nil {
+		return c, err
+	}
+	a.o.Log.Info("agent re-enrollment allowed", "agent", uid, "by", c.ReenrollAllowedBy)
+	err = a.o.Store.InsertEvents(ctx, []store.Event{{InstanceUID: uid, At: time.Now(), Kind: store.EventReenrollAllowed,
+		Detail: "the next enrollment with the secret replaces the credential; allowed by " + c.ReenrollAllowedBy}})
+	return c, err
+}
+
+func (a *API) allowReenroll(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	c, err := a.AllowReenroll(r.Context(), uid)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeErr(w, http.StatusNotFound, "agent "+uid+" has no credential (the enrollment secret enrolls it without an allowance)")
+	case errors.Is(err, store.ErrRevoked):
+		writeErr(w, http.StatusConflict, "agent "+uid+" is revoked; a revoked agent cannot enroll again")
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	default:
 		writeJSON(w, http.StatusOK, c)
 	}
 }

@@ -105,6 +105,16 @@ type Server struct {
 	AuthFailuresPerMinute int64
 	// UISessionTTL is the lifetime of a UI login session.
 	UISessionTTL time.Duration
+
+	// Agent identity and reports (internal/fleet/opampserver, identity.go
+	// and security.go).
+	EnrollmentsPerMinute         int64
+	OpAMPHeartbeatInterval       time.Duration
+	AgentMaxAttributes           int64
+	AgentMaxAttributeKeyBytes    int64
+	AgentMaxAttributeValueBytes  int64
+	AgentMaxEffectiveConfigBytes int64
+	AgentMaxHealthComponents     int64
 }
 
 // Database is the PostgreSQL connection.
@@ -378,6 +388,28 @@ var Settings = []Setting{
 		func(c *Config) *int64 { return &c.Server.AuthFailuresPerMinute }),
 	durSetting("server.uiSessionTtl", "12h", time.Minute, 30*24*time.Hour,
 		"Lifetime of a UI login session (kept on the server; logout ends it).", func(c *Config) *time.Duration { return &c.Server.UISessionTTL }),
+	// Agent identity and reports (internal/fleet/opampserver).
+	intSetting("server.enrollmentsPerMinute", "600", 1, 1000000,
+		"Enrollments of new instance UIDs with the enrollment secret one replica accepts per minute; beyond it the agent is refused and its source waits 30s (429 with Retry-After); counted in myriarch_opamp_enrollments_total{result=\"rate_limited\"}.",
+		func(c *Config) *int64 { return &c.Server.EnrollmentsPerMinute }),
+	heartbeatSetting("server.opampHeartbeatInterval", "0s",
+		"Heartbeat interval offered to every agent with its credential (opamp-go applies it; over plain HTTP it becomes the poll interval). 0s: each agent keeps its own interval (a WebSocket agent is offered the interval its heartbeats show).",
+		func(c *Config) *time.Duration { return &c.Server.OpAMPHeartbeatInterval }),
+	intSetting("server.agentMaxAttributes", "256", 1, 100000,
+		"Most identifying plus non-identifying attributes an agent may report; a larger description is refused whole with an error naming this setting.",
+		func(c *Config) *int64 { return &c.Server.AgentMaxAttributes }),
+	intSetting("server.agentMaxAttributeKeyBytes", "256", 1, 1<<20,
+		"Longest attribute key in bytes an agent may report.",
+		func(c *Config) *int64 { return &c.Server.AgentMaxAttributeKeyBytes }),
+	intSetting("server.agentMaxAttributeValueBytes", "4096", 1, 1<<24,
+		"Longest attribute value in bytes an agent may report.",
+		func(c *Config) *int64 { return &c.Server.AgentMaxAttributeValueBytes }),
+	intSetting("server.agentMaxEffectiveConfigBytes", "1048576", 1, 1<<30,
+		"Largest effective config in bytes (all files) an agent may report.",
+		func(c *Config) *int64 { return &c.Server.AgentMaxEffectiveConfigBytes }),
+	intSetting("server.agentMaxHealthComponents", "1000", 1, 1000000,
+		"Most component health entries (nested ones included) an agent may report.",
+		func(c *Config) *int64 { return &c.Server.AgentMaxHealthComponents }),
 	secret(strSetting("database.url", "", "must be a postgres:// URL or a key=value connection string", "PostgreSQL connection string. Required (not with --dev).",
 		func(s string) bool {
 			return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") || strings.Contains(s, "=")
@@ -777,4 +809,21 @@ func MarkdownTable() string {
 		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s |\n", s.Key, s.Env(), def, rule, s.Meaning)
 	}
 	return b.String()
+}
+
+// heartbeatSetting is a duration of whole seconds within [1s, 24h], or 0s
+// for "not set" (OpAMP offers heartbeat intervals in whole seconds).
+func heartbeatSetting(key, def, meaning string, dst func(*Config) *time.Duration) Setting {
+	const rule = "must be 0s (unset) or a whole number of seconds within [1s, 24h]"
+	return Setting{Key: key, Default: def, Rule: rule, Meaning: meaning, set: func(c *Config, v string) error {
+		d, err := godur.Parse(v)
+		if err != nil {
+			return err
+		}
+		if d != 0 && (d < time.Second || d > 24*time.Hour || d%time.Second != 0) {
+			return errors.New(rule)
+		}
+		*dst(c) = d
+		return nil
+	}}
 }

@@ -147,6 +147,10 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
 		MaxMessageBytes: cfg.Server.OpAMPMaxMessageBytes, AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute,
 		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter,
+		EnrollmentsPerMinute: cfg.Server.EnrollmentsPerMinute, HeartbeatInterval: cfg.Server.OpAMPHeartbeatInterval,
+		Limits: opampserver.ReportLimits{MaxAttributes: int(cfg.Server.AgentMaxAttributes), MaxKeyBytes: int(cfg.Server.AgentMaxAttributeKeyBytes),
+			MaxValueBytes: int(cfg.Server.AgentMaxAttributeValueBytes), MaxEffectiveConfigBytes: int(cfg.Server.AgentMaxEffectiveConfigBytes),
+			MaxHealthComponents: int(cfg.Server.AgentMaxHealthComponents)},
 		Packages: artifacts.OfferSource{Pool: d.Store.Pool, BaseURL: d.ArtifactBaseURL, Tokens: tokens}})
 
 	d.Elector, err = pgleader.New(pgleader.Config{

@@ -102,11 +102,13 @@ func TestAgentCredentialIsBoundToItsUID(t *testing.T) {
 		t.Fatalf("the credential must be stored as a SHA-256 hash: %x %v", stored, err)
 	}
 
-	// The credential speaks for its own UID ...
+	// The credential speaks for its own UID (over plain HTTP only while
+	// the agent is not connected over WebSocket: a second transport for
+	// one UID is refused, see TestSecretOverHTTPCannotTakeOverAWebSocketAgent) ...
 	caps := uint64(protobufs.AgentCapabilities_AgentCapabilities_ReportsStatus)
 	code, _ := post(t, r.url, cred, &protobufs.AgentToServer{InstanceUid: uidBytes(t, a.UIDString()), Capabilities: caps}, false)
-	if code != http.StatusOK {
-		t.Fatalf("own UID with own credential: HTTP %d", code)
+	if code != http.StatusConflict {
+		t.Fatalf("own UID with own credential while connected over WebSocket: HTTP %d, want 409", code)
 	}
 	// ... and not for another one.
 	other := "0f0f0f0f-0000-4000-8000-000000000001"

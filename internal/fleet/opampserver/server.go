@@ -76,6 +76,20 @@ type Options struct {
 	// OfflineAfter: an agent whose connection was silent for longer may be
 	// replaced by a new connection of the same UID; default 90s.
 	OfflineAfter time.Duration
+	// EnrollmentsPerMinute bounds the enrollments of new instance UIDs
+	// with the secret on this replica; default 600.
+	EnrollmentsPerMinute int64
+	// Limits bound what an agent reports in one message.
+	Limits ReportLimits
+	// HeartbeatInterval, when set, is offered to every agent with its
+	// credential; 0 offers the agent's own (see security.go).
+	HeartbeatInterval time.Duration
+	// SecretBackoff is how long the source of a refused secret connection
+	// is refused before the upgrade (identity.go); default 30s.
+	SecretBackoff time.Duration
+	// StormLogInterval: a refusal that repeats is logged once per
+	// interval with a count; default 1m.
+	StormLogInterval time.Duration
 }
 
 // Server is the OpAMP side of one replica.
@@ -97,14 +111,19 @@ type Server struct {
 	byUID map[string]*agentConn // WebSocket agents by uid
 	http  map[string]*httpAgent // plain-HTTP agents known to this process
 
-	failures   *authlimit.Limiter
-	reconnects *authlimit.Limiter
+	failures    *authlimit.Limiter
+	reconnects  *authlimit.Limiter
+	enrollments *authlimit.Limiter
+	backoff     sourceBackoff
+	storm       *stormLog
 
 	mConns    prometheus.GaugeFunc
 	mAuth     *prometheus.CounterVec
 	mMessages prometheus.Counter
 	mRejected prometheus.Counter
 	mConnects prometheus.Counter
+	mEnroll   *prometheus.CounterVec
+	mReports  prometheus.Counter
 }
 
 type agentConn struct {
@@ -120,6 +139,11 @@ type agentConn struct {
 	uid      string
 	seen     reported
 	sentHash string
+	// hb is the agent's heartbeat interval in seconds as its heartbeats
+	// show it (0: none seen yet); pending is a credential offer that waits
+	// for it (security.go).
+	hb      uint64
+	pending int
 }
 
 type httpAgent struct {
@@ -133,6 +157,9 @@ type httpAgent struct {
 	pkgWait  pkgWait
 	sentHash string
 	rep      reported
+	// byCred: the agent has polled here with its credential (or
+	// certificate), so a poll with the secret for its UID is not its own.
+	byCred bool
 }
 
 // reported is what one connection (or one plain-HTTP agent in this
@@ -169,9 +196,20 @@ func New(o Options) *Server {
 	if o.OfflineAfter == 0 {
 		o.OfflineAfter = 90 * time.Second
 	}
+	if o.EnrollmentsPerMinute == 0 {
+		o.EnrollmentsPerMinute = 600
+	}
+	if o.SecretBackoff == 0 {
+		o.SecretBackoff = 30 * time.Second
+	}
+	if o.StormLogInterval == 0 {
+		o.StormLogInterval = time.Minute
+	}
+	o.Limits.defaults()
 	s := &Server{o: o, log: o.Log.With("component", "opamp"), conns: map[types.Connection]*agentConn{},
 		byUID: map[string]*agentConn{}, http: map[string]*httpAgent{},
-		failures: authlimit.New(o.AuthFailuresPerMinute), reconnects: authlimit.New(o.ReconnectsPerMinute)}
+		failures: authlimit.New(o.AuthFailuresPerMinute), reconnects: authlimit.New(o.ReconnectsPerMinute),
+		enrollments: authlimit.New(o.EnrollmentsPerMinute), storm: &stormLog{interval: o.StormLogInterval}}
 	s.mConns = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "myriarch_opamp_connections", Help: "Open OpAMP WebSocket connections on this replica."},
 		func() float64 { return float64(s.Connections()) })
 	s.mMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_messages_total", Help: "OpAMP messages received."})
@@ -179,8 +217,14 @@ func New(o Options) *Server {
 	s.mConnects = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_connects_total", Help: "OpAMP WebSocket connections accepted."})
 	s.mAuth = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_opamp_authenticated_total",
 		Help: "OpAMP connections and plain-HTTP polls accepted, by how they authenticated: secret (enrollment), credential or certificate."}, []string{"method"})
+	s.mEnroll = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_opamp_enrollments_total",
+		Help: "Enrollments of new instance UIDs with the enrollment secret on this replica, by result: accepted, or rate_limited (server.enrollmentsPerMinute)."}, []string{"result"})
+	s.mEnroll.WithLabelValues("accepted")
+	s.mEnroll.WithLabelValues("rate_limited")
+	s.mReports = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_reports_refused_total",
+		Help: "Agent messages refused for a report over a limit (server.agentMax* settings)."})
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects, s.mAuth)
+		o.Registerer.MustRegister(s.mConns, s.mMessages, s.mRejected, s.mConnects, s.mAuth, s.mEnroll, s.mReports)
 	}
 	s.opamp = server.New(nil)
 	s.handler, s.connCtx, _ = s.opamp.Attach(server.Settings{Callbacks: types.Callbacks{OnConnecting: s.onConnecting}})
@@ -327,14 +371,55 @@ func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
 		return refuse(code, "5")
 	}
 	ws := r.Header.Get("Upgrade") != ""
-	if a.uid != "" && ws {
+	now := time.Now()
+	if a.uid == "" {
+		// The secret: a source whose secret connection was refused waits
+		// (identity.go), before the upgrade, so that clients back off.
+		if wait := s.backoff.wait(src, now); wait > 0 {
+			if n, ok := s.storm.hit("backoff "+src, now); ok {
+				s.log.Warn("refusing connections with the enrollment secret from a source whose enrollment was refused (a revoked or duplicate agent retrying)",
+					"source", src, "refused", n, "retry_after_s", retryAfter(wait))
+			}
+			return refuse(http.StatusTooManyRequests, retryAfter(wait))
+		}
+	}
+	if a.uid != "" {
 		// A credential names its UID before the upgrade: a duplicate or a
-		// reconnect storm is refused here, so the client backs off.
-		if !s.reconnects.Allow(a.uid) {
+		// reconnect storm is refused here, so the client backs off. A
+		// plain-HTTP poll with the credential of an agent connected here
+		// over WebSocket is a second transport for one UID: refused too.
+		if ws && !s.reconnects.Allow(a.uid) {
 			return refuse(http.StatusTooManyRequests, "30")
 		}
+		other := ""
 		if s.liveConn(a.uid) != nil {
-			s.log.Warn("refused a second connection for an agent that is connected here; is its credential copied?", "agent", a.uid, "source", src)
+			other = "this replica"
+		} else if !ws && !s.knownHTTP(a.uid) {
+			// The first poll here: the agent may be connected over
+			// WebSocket to another replica. Later polls are not checked
+			// again (one query per new plain-HTTP agent, not per poll).
+			ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+			rep, ok, err := s.o.Store.ConnectedElsewhere(ctx, a.uid, HTTPConnID, s.o.OfflineAfter)
+			cancel()
+			if err != nil {
+				s.log.Warn("checking an agent's connection failed", "agent", a.uid, "error", err)
+				return refuse(http.StatusServiceUnavailable, "5")
+			}
+			if ok {
+				other = "replica " + rep
+			}
+		}
+		if other != "" {
+			tr := "plain HTTP"
+			if ws {
+				tr = "WebSocket"
+			}
+			if n, ok := s.storm.hit("second "+a.uid, now); ok {
+				s.log.Warn("refused a second connection for an agent that is connected over WebSocket; is its credential copied?",
+					"agent", a.uid, "source", src, "transport", tr, "connected_to", other, "count", n)
+				s.o.Batcher.Event(store.Event{InstanceUID: a.uid, At: now, Kind: store.EventEnrollRefused, ReplicaID: s.o.ReplicaID,
+					Detail: countDetail(fmt.Sprintf("a second connection with the agent's credential over %s from %s refused (409): the agent is connected over WebSocket to %s", tr, src, other), n)})
+			}
 			return refuse(http.StatusConflict, "30")
 		}
 	}
@@ -425,22 +510,35 @@ func (s *Server) onMessage(ctx context.Context, c types.Connection, msg *protobu
 	if ac == nil || len(msg.InstanceUid) == 0 {
 		return resp
 	}
-	ac.lastMsg.Store(now.UnixNano())
+	prev := time.Unix(0, ac.lastMsg.Swap(now.UnixNano()))
 	if ac.auth.uid != "" && uid != ac.auth.uid {
 		// A credential speaks for its own UID only.
 		s.mRejected.Inc()
 		s.log.Warn("an agent credential was used for another instance UID; closing the connection", "credential_of", ac.auth.uid, "claimed", uid)
 		return s.refuseMessage(ac, msg)
 	}
+	if why := s.o.Limits.check(msg); why != "" {
+		// Nothing of the message is stored; the connection stays, so
+		// that an agent that trims its report is served again.
+		s.mReports.Inc()
+		s.mRejected.Inc()
+		if n, ok := s.storm.hit("report "+uid, now); ok {
+			s.log.Warn("refused an agent report over a limit", "agent", uid, "limit", why, "transport", transport(ac), "source", ac.auth.source, "count", n)
+			s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventReportRefused, ReplicaID: s.o.ReplicaID, Detail: countDetail(why, n)})
+		}
+		resp.ErrorResponse = &protobufs.ServerErrorResponse{Type: protobufs.ServerErrorResponseType_ServerErrorResponseType_BadRequest,
+			ErrorMessage: "report refused: " + why}
+		return resp
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if ac.ws {
-		return s.onWSMessage(ctx, ac, uid, msg, resp, now)
+		return s.onWSMessage(ctx, ac, uid, msg, resp, now, prev)
 	}
 	return s.onHTTPMessage(ctx, ac, uid, msg, resp, now)
 }
 
-func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now time.Time) *protobufs.ServerToAgent {
+func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg *protobufs.AgentToServer, resp *protobufs.ServerToAgent, now, prev time.Time) *protobufs.ServerToAgent {
 	ac.mu.Lock()
 	defer ac.mu.Unlock()
 	first := ac.uid == ""
@@ -469,6 +567,9 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 		resp.PackagesAvailable = s.packagesFor(ctx, ac, uid)
 	} else if uid != ac.uid {
 		return resp
+	} else if isHeartbeat(msg) {
+		ac.hb = heartbeatSeconds(prev, now)
+		s.pendingOffer(ctx, ac, uid, resp)
 	}
 	s.o.Batcher.Touch(uid, ac.connID, now)
 	wasKnown := ac.seen.known
@@ -509,17 +610,40 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 		s.http[uid] = ha
 	}
 	s.mu.Unlock()
-	prev := time.Unix(0, ha.seen.Swap(now.UnixNano()))
 	ha.mu.Lock()
 	defer ha.mu.Unlock()
-	if first {
-		if _, ok := s.admit(ctx, ac, uid, msg, resp); !ok {
-			s.mu.Lock()
-			delete(s.http, uid)
-			s.mu.Unlock()
+	secret := ac.auth.uid == ""
+	if !secret {
+		ha.byCred = true
+	}
+	// A poll with the secret is admitted on the first poll here, and
+	// again whenever the agent known here polls with a credential: then
+	// the secret is someone else claiming its UID (issue 21, item 1).
+	if first || secret && ha.byCred {
+		forget := func() {
+			if first {
+				s.mu.Lock()
+				delete(s.http, uid)
+				s.mu.Unlock()
+			}
+		}
+		got, ok := s.admit(ctx, ac, uid, msg, resp)
+		if !ok {
+			forget()
+			if resp.ErrorResponse != nil {
+				return resp
+			}
 			return s.refuseMessage(ac, msg)
 		}
+		if got != uid {
+			// A duplicate: told to take a new UID, and nothing it sent is
+			// stored under the old one. Its next poll, with the new UID,
+			// enrolls it.
+			forget()
+			return resp
+		}
 	}
+	prev := time.Unix(0, ha.seen.Swap(now.UnixNano()))
 	if first || now.Sub(prev) > httpReconnectGap {
 		connect, err := s.o.Store.ConnectedHTTP(ctx, uid, s.o.ReplicaID, HTTPConnID, now)
 		if err != nil {
@@ -881,4 +1005,30 @@ func (s *Server) Reconcile(ctx context.Context) error {
 	}
 	s.reconcilePackages(ctx, acs)
 	return nil
+}
+
+// pendingOffer puts the credential offer that waited for the agent's
+// heartbeat interval (security.go) into resp.
+func (s *Server) pendingOffer(ctx context.Context, ac *agentConn, uid string, resp *protobufs.ServerToAgent) {
+	switch ac.pending {
+	case pendingEnroll:
+		ac.pending = 0
+		s.enrollOffer(ctx, ac, uid, ac.seen.caps, ac.hb, resp)
+	case pendingRotate:
+		ac.pending = 0
+		offer, err := s.rotateOffer(ctx, ac, uid)
+		if err != nil {
+			s.log.Warn("rotating an agent credential failed", "agent", uid, "error", err)
+			return
+		}
+		resp.ConnectionSettings = offer
+		resp.Capabilities |= uint64(protobufs.ServerCapabilities_ServerCapabilities_OffersConnectionSettings)
+	}
+}
+
+// knownHTTP reports whether uid polls this process over plain HTTP.
+func (s *Server) knownHTTP(uid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.http[uid] != nil
 }

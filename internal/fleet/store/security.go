@@ -124,9 +124,13 @@ type AgentCredential struct {
 	RotatedAt   *time.Time `json:"rotated_at"`
 	RevokedAt   *time.Time `json:"revoked_at"`
 	RevokedBy   string     `json:"revoked_by"`
+	// ReenrollAllowedAt is set while an admin's allowance to enroll
+	// this UID again with the secret is unused (AllowReenroll).
+	ReenrollAllowedAt *time.Time `json:"reenroll_allowed_at"`
+	ReenrollAllowedBy string     `json:"reenroll_allowed_by"`
 }
 
-const credCols = "instance_uid, hash IS NOT NULL, created_at, rotated_at, revoked_at, revoked_by"
+const credCols = "instance_uid, hash IS NOT NULL, created_at, rotated_at, revoked_at, revoked_by, reenroll_allowed_at, reenroll_allowed_by"
 
 // IssueAgentCredential gives agent uid a new credential, replacing any
 // earlier one, and returns it; only its hash is stored. A revoked agent
@@ -146,6 +150,83 @@ func (s *Store) IssueAgentCredential(ctx context.Context, uid string) (string, e
 		return "", ErrRevoked
 	}
 	return cred, nil
+}
+
+// ErrCredentialHeld is returned when the enrollment secret asks for a
+// credential of an instance UID that holds one and has no re-enrollment
+// allowance.
+var ErrCredentialHeld = errors.New("the instance UID holds a credential")
+
+// Agent credential events (agent_events.kind): every issue, rotation and
+// refusal of an agent's identity, and an admin's re-enrollment allowance.
+const (
+	EventCredentialIssued  = "credential_issued"
+	EventCredentialRotated = "credential_rotated"
+	EventEnrollRefused     = "enrollment_refused"
+	EventReenrollAllowed   = "reenroll_allowed"
+	// EventReportRefused: an agent's message over a report limit.
+	EventReportRefused = "report_refused"
+)
+
+// EnrollAgentCredential is the credential issue of an enrollment with the
+// secret: it gives uid its first credential, or a new one when an admin
+// allowed re-enrollment (the allowance is used up). It never replaces a
+// credential otherwise (ErrCredentialHeld), so the secret cannot take over
+// an enrolled agent; a revoked agent gets ErrRevoked. One statement, so
+// two replicas enrolling one UID at once issue one credential.
+func (s *Store) EnrollAgentCredential(ctx context.Context, uid string) (cred string, reenrolled bool, err error) {
+	cred, err = randomSecret(CredentialPrefix)
+	if err != nil {
+		return "", false, err
+	}
+	rows, err := s.Pool.Query(ctx, `INSERT INTO agent_credentials (instance_uid, hash) VALUES ($1, $2)
+		ON CONFLICT (instance_uid) DO UPDATE SET hash = EXCLUDED.hash, rotated_at = now(), rotate_requested_at = NULL,
+			reenroll_allowed_at = NULL, reenroll_allowed_by = ''
+		WHERE agent_credentials.revoked_at IS NULL
+			AND (agent_credentials.hash IS NULL OR agent_credentials.reenroll_allowed_at IS NOT NULL)
+		RETURNING (xmax <> 0)`, uid, hashToken(cred))
+	if err != nil {
+		return "", false, err
+	}
+	updated, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if errors.Is(err, pgx.ErrNoRows) {
+		c, _, err := s.AgentCredentialOf(ctx, uid)
+		if err != nil {
+			return "", false, err
+		}
+		if c.RevokedAt != nil {
+			return "", false, ErrRevoked
+		}
+		return "", false, ErrCredentialHeld
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return cred, updated, nil
+}
+
+// AllowReenroll lets agent uid enroll once more with the enrollment secret
+// although it holds a credential (the agent lost its credential, or was
+// reinstalled with its old UID). by is recorded. ErrNotFound when uid has
+// no credential (the secret enrolls it anyway), ErrRevoked when revoked.
+func (s *Store) AllowReenroll(ctx context.Context, uid, by string) (AgentCredential, error) {
+	rows, err := s.Pool.Query(ctx, `UPDATE agent_credentials SET reenroll_allowed_at = now(), reenroll_allowed_by = $2
+		WHERE instance_uid = $1 AND hash IS NOT NULL AND revoked_at IS NULL RETURNING `+credCols, uid, by)
+	if err != nil {
+		return AgentCredential{}, err
+	}
+	c, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[AgentCredential])
+	if errors.Is(err, pgx.ErrNoRows) {
+		c, ok, err := s.AgentCredentialOf(ctx, uid)
+		switch {
+		case err != nil:
+			return AgentCredential{}, err
+		case ok && c.RevokedAt != nil:
+			return AgentCredential{}, ErrRevoked
+		}
+		return AgentCredential{}, ErrNotFound
+	}
+	return c, err
 }
 
 // CheckAgentCredential returns the instance UID that credential cred is
@@ -262,4 +343,18 @@ func (s *Store) RevokedAmong(ctx context.Context, uids []string) (map[string]boo
 	var uid string
 	_, err = pgx.ForEachRow(rows, []any{&uid}, func() error { out[uid] = true; return nil })
 	return out, err
+}
+
+// ConnectedElsewhere returns the replica agent uid is connected to over a
+// lasting connection (its connection id is not httpConnID), when it is
+// online and was seen within fresh; ok false otherwise. A plain-HTTP poll
+// with the agent's credential is then a second transport for one UID.
+func (s *Store) ConnectedElsewhere(ctx context.Context, uid, httpConnID string, fresh time.Duration) (replica string, ok bool, err error) {
+	err = s.Pool.QueryRow(ctx, `SELECT replica_id FROM agents WHERE instance_uid = $1 AND status = 'online'
+		AND connection_id <> $2 AND connection_id <> '' AND last_seen > now() - $3::interval`,
+		uid, httpConnID, fmt.Sprintf("%d microseconds", fresh.Microseconds())).Scan(&replica)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	return replica, err == nil, err
 }

@@ -18,6 +18,22 @@ func (h *handler) mountAgentActions() {
 	h.route(store.RoleOperator, "POST /ui/agents/{uid}/restart", h.restartAgent)
 	h.route(store.RoleOperator, "POST /ui/agents/{uid}/clear-config", h.clearConfig)
 	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/revoke", h.revokeAgent)
+	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/allow-reenroll", h.allowReenroll)
+}
+
+func (h *handler) allowReenroll(w http.ResponseWriter, r *http.Request) {
+	_, err := h.a.AllowReenroll(r.Context(), r.PathValue("uid"))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		http.Error(w, "agent "+r.PathValue("uid")+" has no credential", http.StatusNotFound)
+	case errors.Is(err, store.ErrRevoked):
+		http.Error(w, "agent "+r.PathValue("uid")+" is revoked", http.StatusConflict)
+	case err != nil:
+		h.fail(w, err)
+	default:
+		h.log.Info("agent re-enrollment allowed from the UI", "agent", r.PathValue("uid"), "token", api.TokenName(r.Context()))
+		backToAgent(w, r, "reenroll")
+	}
 }
 
 func (h *handler) revokeAgent(w http.ResponseWriter, r *http.Request) {
@@ -36,9 +52,10 @@ func (h *handler) revokeAgent(w http.ResponseWriter, r *http.Request) {
 // notices are the outcomes an action redirects to (?done=...); a code,
 // not free text, so that a link cannot put words on the page.
 var notices = map[string]string{
-	"restart": "Restart requested; the replica the agent is connected to sends it.",
-	"cleared": "Desired config cleared; the agent is sent an empty config.",
-	"revoked": "Agent revoked: it is disconnected and can neither connect nor enroll again.",
+	"restart":  "Restart requested; the replica the agent is connected to sends it.",
+	"cleared":  "Desired config cleared; the agent is sent an empty config.",
+	"revoked":  "Agent revoked: it is disconnected and can neither connect nor enroll again.",
+	"reenroll": "Re-enrollment allowed: the agent's next enrollment with the secret gets a new credential (once).",
 }
 
 // backToAgent redirects to the agent's page with a notice.
