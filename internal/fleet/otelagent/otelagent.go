@@ -213,13 +213,13 @@ func Start(t testing.TB, serverURL string, o Options) *Supervisor {
 			t.Errorf("stopping the supervisor: %v", err)
 		}
 		if t.Failed() {
-			t.Logf("supervisor log:\n%s", s.Log())
+			t.Logf("supervisor log:\n%s\ncollector log:\n%s", s.Log(), s.CollectorLog())
 		}
 	})
 	// No retry: the two causes of failed starts are fixed (package doc),
 	// and a retry would hide a new one.
 	if err := s.start(); err != nil {
-		t.Fatalf("OpAMP supervisor did not start: %v\nlog:\n%s", err, s.Log())
+		t.Fatalf("OpAMP supervisor did not start: %v\nlog:\n%s\ncollector log:\n%s", err, s.Log(), s.CollectorLog())
 	}
 	return s
 }
@@ -309,6 +309,19 @@ func (s *Supervisor) Log() string {
 		return ""
 	}
 	return l.String()
+}
+
+// CollectorLog is the end of what the supervisor's last collector wrote
+// (the supervisor keeps it in its storage directory, agent.log).
+func (s *Supervisor) CollectorLog() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "storage", "agent.log"))
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
