@@ -134,6 +134,9 @@ type Options struct {
 	// ValidateConfig has the supervisor validate a remote config with the
 	// collector before applying it (agent.validate_config): a bad one is
 	// then reported FAILED with the collector's error text and never run.
+	// The supervisor v0.149.0 validates the new config merged with the
+	// running one (which wins), so an error in a pipeline that the running
+	// config also has goes unnoticed (see PipelineConfig).
 	// Off, a bad config is applied, the collector crashes and the
 	// supervisor reports FAILED.
 	ValidateConfig bool
@@ -338,7 +341,13 @@ func FreePort(t testing.TB) int {
 }
 
 // PipelineConfig is a valid collector config: an OTLP/HTTP receiver on
-// port and a debug exporter in a traces pipeline.
+// port and a debug exporter in a traces pipeline. The pipeline is named
+// traces/otlp, not traces: the supervisor validates a new config
+// (Options.ValidateConfig) with the collector's running config file
+// passed after it, so a pipeline of the same name in the running config
+// (the supervisor's own nop traces pipeline, present whenever its
+// feature-gate probe lost the collector's output) replaces the new one's
+// and hides its errors.
 func PipelineConfig(port int) string {
 	return fmt.Sprintf(`receivers:
   otlp:
@@ -350,7 +359,7 @@ exporters:
     verbosity: basic
 service:
   pipelines:
-    traces:
+    traces/otlp:
       receivers: [otlp]
       exporters: [debug]
 `, port)
