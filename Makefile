@@ -44,7 +44,14 @@ bench:
 # Under CI=true the real OpAMP agent and helm are built before the unit tests
 # (their tests fail without them); elsewhere the agent's test skips until
 # `make otel-agent` has run once, and the chart tests build helm on first use.
-test: tidy vet staticcheck $(if $(filter true,$(CI)),otel-agent helm) unit
+# The checks and builds before the unit tests do not depend on each other
+# and run in parallel (their output grouped per target); the first failure
+# fails `make test` after the others finish, and the unit tests run only
+# when all of them passed.
+TEST_PREREQS = tidy vet staticcheck $(if $(filter true,$(CI)),otel-agent helm)
+test:
+	@$(MAKE) --no-print-directory -j $(words $(TEST_PREREQS)) -O $(TEST_PREREQS)
+	@$(MAKE) --no-print-directory unit
 
 # The real OpAMP agent for internal/fleet/otelagent's test: the
 # OpenTelemetry OpAMP supervisor and a small collector, v0.149.0, cached in

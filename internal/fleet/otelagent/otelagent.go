@@ -1,13 +1,32 @@
 // Package otelagent runs a real OpAMP agent for tests: the OpenTelemetry
 // OpAMP supervisor (v0.149.0) managing a small OpenTelemetry Collector
-// (OTLP receiver, debug exporter, OpAMP extension), both built by
-// `make otel-agent` (tools/otelagent/build.sh) into a cache directory
-// outside the clone.
+// (OTLP and nop receivers, debug and nop exporters, OpAMP extension), both
+// built by `make otel-agent` (tools/otelagent/build.sh) into a cache
+// directory outside the clone.
 //
 // Start(t, serverURL, Options{...}) starts a supervisor against a
 // myriarchd OpAMP endpoint and stops it when the test ends. Without the
 // binaries a test is skipped, except under CI=true, where it fails: CI
 // builds them first.
+//
+// Two things the supervisor does at start that a test helper must allow
+// for (both made starts fail before; see TestSupervisorsStartTogether):
+//
+//   - It probes the collector's feature gates (`otelcol featuregate`) and
+//     reads its output. When that output is lost (it sometimes is), the
+//     supervisor does not know that the collector accepts a config without
+//     pipelines and starts its bootstrap collector with a nop pipeline
+//     (nop receiver, nop exporter). A collector without those components
+//     refuses that config, and the supervisor gives up after its
+//     bootstrap_timeout. The collector is therefore built with them.
+//   - Every collector serves its own metrics on localhost:8888 by default,
+//     so a second collector on the host (another supervisor of the same
+//     test, or of a test in another package running at the same time)
+//     cannot start. Each collector this package starts has its own
+//     metrics turned off (agent.args adds a --config that sets
+//     service.telemetry.metrics.level to none; the supervisor passes
+//     agent.args to its bootstrap collector, its collector and the
+//     validate command).
 package otelagent
 
 import (
@@ -50,7 +69,9 @@ func BinDir() string {
 }
 
 // Binaries returns the paths of the supervisor and the collector. When
-// one is missing it skips the test, or fails it under CI=true.
+// one is missing it skips the test, or fails it under CI=true. A cached
+// collector built before it had the nop components (package doc) fails
+// the test with the command that rebuilds it.
 func Binaries(t testing.TB) (supervisor, collector string) {
 	t.Helper()
 	supervisor, collector = filepath.Join(BinDir(), SupervisorBinary), filepath.Join(BinDir(), CollectorBinary)
@@ -63,7 +84,47 @@ func Binaries(t testing.TB) (supervisor, collector string) {
 			t.Skip(msg)
 		}
 	}
+	if err := checkComponents(collector); err != nil {
+		t.Fatalf("%v: rebuild it with `make otel-agent`", err)
+	}
 	return supervisor, collector
+}
+
+// RequiredComponents are the modules the collector must be built with:
+// the tests' pipelines and the supervisor's nop bootstrap pipeline.
+var RequiredComponents = []string{
+	"go.opentelemetry.io/collector/receiver/otlpreceiver",
+	"go.opentelemetry.io/collector/receiver/nopreceiver",
+	"go.opentelemetry.io/collector/exporter/debugexporter",
+	"go.opentelemetry.io/collector/exporter/nopexporter",
+	"github.com/open-telemetry/opentelemetry-collector-contrib/extension/opampextension",
+}
+
+var components sync.Map // collector path → error of checkComponents
+
+// checkComponents runs `collector components` once per path and reports
+// the required modules it lacks.
+func checkComponents(collector string) error {
+	if v, ok := components.Load(collector); ok {
+		err, _ := v.(error)
+		return err
+	}
+	out, err := exec.Command(collector, "components").CombinedOutput()
+	if err != nil {
+		err = fmt.Errorf("%s components: %v: %s", collector, err, out)
+	} else {
+		var missing []string
+		for _, m := range RequiredComponents {
+			if !bytes.Contains(out, []byte(m+" ")) {
+				missing = append(missing, m)
+			}
+		}
+		if len(missing) > 0 {
+			err = fmt.Errorf("%s lacks %s", collector, strings.Join(missing, ", "))
+		}
+	}
+	components.Store(collector, err)
+	return err
 }
 
 // Options configure a supervisor.
@@ -73,13 +134,16 @@ type Options struct {
 	// ValidateConfig has the supervisor validate a remote config with the
 	// collector before applying it (agent.validate_config): a bad one is
 	// then reported FAILED with the collector's error text and never run.
+	// The supervisor v0.149.0 validates the new config merged with the
+	// running one (which wins), so an error in a pipeline that the running
+	// config also has goes unnoticed (see PipelineConfig).
 	// Off, a bad config is applied, the collector crashes and the
 	// supervisor reports FAILED.
 	ValidateConfig bool
 	// Heartbeat declares ReportsHeartbeat (opamp-go's default interval, 30 s).
 	Heartbeat bool
-	// StartTimeout bounds one start attempt (until the supervisor reports
-	// that it connected); default 60s. A start that hangs is retried once.
+	// StartTimeout bounds the start (until the supervisor reports that it
+	// connected); default 90s (a loaded machine).
 	StartTimeout time.Duration
 }
 
@@ -119,7 +183,8 @@ agent:
   executable: {{.Collector}}
   validate_config: {{.Validate}}
   config_apply_timeout: 10s
-  bootstrap_timeout: 10s
+  bootstrap_timeout: 30s
+  args: ["--config", "{{.TelemetryOff}}"]
 telemetry:
   logs:
     level: info
@@ -132,14 +197,14 @@ func Start(t testing.TB, serverURL string, o Options) *Supervisor {
 	t.Helper()
 	sup, col := Binaries(t)
 	if o.StartTimeout <= 0 {
-		o.StartTimeout = 60 * time.Second
+		o.StartTimeout = 90 * time.Second
 	}
 	dir := t.TempDir()
 	s := &Supervisor{t: t, dir: dir, bin: sup, o: o, cfgPath: filepath.Join(dir, "supervisor.yaml")}
 	var b bytes.Buffer
 	err := template.Must(template.New("cfg").Parse(configTmpl)).Execute(&b, map[string]any{
 		"Endpoint": serverURL, "Secret": o.Secret, "Storage": filepath.Join(dir, "storage"), "Collector": col,
-		"Validate": o.ValidateConfig, "Heartbeat": o.Heartbeat})
+		"Validate": o.ValidateConfig, "Heartbeat": o.Heartbeat, "TelemetryOff": TelemetryOff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,25 +216,21 @@ func Start(t testing.TB, serverURL string, o Options) *Supervisor {
 			t.Errorf("stopping the supervisor: %v", err)
 		}
 		if t.Failed() {
-			t.Logf("supervisor log:\n%s", s.Log())
+			t.Logf("supervisor log:\n%s\ncollector log:\n%s", s.Log(), s.CollectorLog())
 		}
 	})
-	// Its start sometimes hangs waiting for a probe collector (about one
-	// start in three, more on a loaded machine): retry twice.
-	for attempt := 1; ; attempt++ {
-		err := s.start()
-		if err == nil {
-			return s
-		}
-		if attempt == 3 {
-			t.Fatalf("OpAMP supervisor did not start: %v\nlog:\n%s", err, s.Log())
-		}
-		t.Logf("OpAMP supervisor start attempt %d: %v; retrying; its log:\n%s", attempt, err, s.Log())
-		if err := s.Stop(); err != nil {
-			t.Logf("stopping the hung supervisor: %v", err)
-		}
+	// No retry: the two causes of failed starts are fixed (package doc),
+	// and a retry would hide a new one.
+	if err := s.start(); err != nil {
+		t.Fatalf("OpAMP supervisor did not start: %v\nlog:\n%s\ncollector log:\n%s", err, s.Log(), s.CollectorLog())
 	}
+	return s
 }
+
+// TelemetryOff is the collector config (a yaml: URI, merged after the
+// supervisor's own) that turns the collector's own metrics off, so that
+// it does not bind localhost:8888.
+const TelemetryOff = "yaml:service::telemetry::metrics::level: none"
 
 func (s *Supervisor) start() error {
 	s.mu.Lock()
@@ -253,6 +314,19 @@ func (s *Supervisor) Log() string {
 	return l.String()
 }
 
+// CollectorLog is the end of what the supervisor's last collector wrote
+// (the supervisor keeps it in its storage directory, agent.log).
+func (s *Supervisor) CollectorLog() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "storage", "agent.log"))
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
 // for a collector receiver or a server the agent must find again after a
 // restart.
@@ -267,7 +341,13 @@ func FreePort(t testing.TB) int {
 }
 
 // PipelineConfig is a valid collector config: an OTLP/HTTP receiver on
-// port and a debug exporter in a traces pipeline.
+// port and a debug exporter in a traces pipeline. The pipeline is named
+// traces/otlp, not traces: the supervisor validates a new config
+// (Options.ValidateConfig) with the collector's running config file
+// passed after it, so a pipeline of the same name in the running config
+// (the supervisor's own nop traces pipeline, present whenever its
+// feature-gate probe lost the collector's output) replaces the new one's
+// and hides its errors.
 func PipelineConfig(port int) string {
 	return fmt.Sprintf(`receivers:
   otlp:
@@ -279,7 +359,7 @@ exporters:
     verbosity: basic
 service:
   pipelines:
-    traces:
+    traces/otlp:
       receivers: [otlp]
       exporters: [debug]
 `, port)

@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -317,4 +319,62 @@ func TestRealSupervisorValidatesConfig(t *testing.T) {
 		t.Errorf("remote config error %q does not name the missing exporter", a.Agent.RemoteConfigError)
 	}
 	t.Logf("validation error: %s", a.Agent.RemoteConfigError)
+}
+
+// Three supervisors started at the same moment on one host all start on
+// their one attempt, and myriarchd sees three healthy collectors. Before
+// the fixes of package otelagent's doc, the second and third collectors
+// could not bind localhost:8888 (the first held it) and their
+// supervisors gave up after bootstrap_timeout, and a start whose
+// feature-gate probe lost the collector's output failed at once (the
+// collector lacked the nop pipeline the supervisor then bootstraps with).
+func TestSupervisorsStartTogether(t *testing.T) {
+	otelagent.Binaries(t)
+	pg := pgtest.New(t)
+	d := replica(t, pg.DSN(""), "replica-t", "127.0.0.1:0")
+	defer d.Shutdown()
+	tok, err := d.Store.CreateToken(context.Background(), "otel-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := api{t: t, base: "http://" + d.HTTPAddr().String(), token: tok}
+	const n = 3
+	sups := make([]*otelagent.Supervisor, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			// Start fails the test if one does not connect (it does
+			// not retry); nonFatal lets it do so from this goroutine.
+			sups[i] = otelagent.Start(nonFatal{t}, "ws://"+d.OpAMPAddr().String()+"/v1/opamp", otelagent.Options{Secret: secret})
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, s := range sups {
+		c.until("registered and healthy", s.InstanceUID(), func(d detail) bool {
+			return d.Agent.Status == "online" && d.Agent.Healthy != nil && *d.Agent.Healthy
+		})
+		if strings.Contains(s.Log(), "address already in use") {
+			t.Errorf("a collector could not bind an address:\n%s", s.Log())
+		}
+	}
+}
+
+// nonFatal lets a helper that calls Fatal run on a goroutine other than
+// the test's: Fatal marks the test failed and ends that goroutine only
+// (testing.T's FailNow must be called from the test's own goroutine).
+type nonFatal struct{ *testing.T }
+
+func (n nonFatal) Fatal(args ...any) {
+	n.T.Helper()
+	n.T.Error(args...)
+	runtime.Goexit()
+}
+
+func (n nonFatal) Fatalf(format string, args ...any) {
+	n.T.Helper()
+	n.T.Errorf(format, args...)
+	runtime.Goexit()
 }
