@@ -128,18 +128,13 @@ func hasEvent(evs []store.Event, kind, detailPart string) bool {
 	})
 }
 
-// allowReenroll lets a revoked agent enroll again.
-//
-// TODO(lead): wire this to the re-enrollment endpoint of the agent
-// identity rules (an admin allows a revoked UID to enroll again) once that
-// branch is merged, and return true: the journey then checks that the
-// agent comes back. On this branch the API has no such endpoint (a revoked
-// UID can never enroll again), so it returns false and the journey checks
-// only the refusal.
+// allowReenroll lets a revoked agent enroll again: an admin's one-time
+// allowance (POST /api/v1/agents/{uid}/credential/allow-reenroll), after
+// which the agent's next enrollment with the secret gets a new credential.
 func allowReenroll(t *testing.T, c client, uid string) bool {
 	t.Helper()
-	_, _ = c, uid
-	return false
+	c.must(200, "POST", "/api/v1/agents/"+uid+"/credential/allow-reenroll", nil, nil)
+	return true
 }
 
 // TestJourney: enroll, roll out a bridge configuration, roll back a broken

@@ -96,9 +96,7 @@ func (a *API) allowReenroll(w http.ResponseWriter, r *http.Request) {
 	c, err := a.AllowReenroll(r.Context(), uid)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		writeErr(w, http.StatusNotFound, "agent "+uid+" has no credential (the enrollment secret enrolls it without an allowance)")
-	case errors.Is(err, store.ErrRevoked):
-		writeErr(w, http.StatusConflict, "agent "+uid+" is revoked; a revoked agent cannot enroll again")
+		writeErr(w, http.StatusNotFound, "agent "+uid+" has no credential and is not revoked (the enrollment secret enrolls it without an allowance)")
 	case err != nil:
 		writeErr(w, http.StatusInternalServerError, err.Error())
 	default:

@@ -33,7 +33,8 @@ import (
 // Authorization header), bound to its instance UID and stored hashed.
 // A connection made with a credential may speak only for that UID. An
 // agent is revoked one by one (store.RevokeAgent): its credential stops
-// working, it cannot enroll again, and the replica it is connected to
+// working, it cannot enroll again (until an admin allows one re-enrollment,
+// store.AllowReenroll), and the replica it is connected to
 // closes its connection when the notification arrives.
 //
 // Duplicate UIDs (a cloned VM, a copied state directory): a second

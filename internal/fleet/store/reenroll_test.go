@@ -48,7 +48,19 @@ func TestEnrollAgentCredentialAndReenrollAllowance(t *testing.T) {
 	if _, _, err := s.EnrollAgentCredential(ctx, uid); !errors.Is(err, ErrRevoked) {
 		t.Fatalf("revoked: %v, want ErrRevoked", err)
 	}
-	if _, err := s.AllowReenroll(ctx, uid, "admin"); !errors.Is(err, ErrRevoked) {
-		t.Fatalf("allowance for a revoked agent: %v, want ErrRevoked", err)
+	// An admin brings a revoked agent back: one enrollment with the
+	// secret, with a new credential; the one revoked stays void.
+	if _, err := s.AllowReenroll(ctx, uid, "admin"); err != nil {
+		t.Fatalf("allowance for a revoked agent: %v", err)
+	}
+	cred3, again, err := s.EnrollAgentCredential(ctx, uid)
+	if err != nil || !again {
+		t.Fatalf("re-enrollment after revocation: %v (reenrolled %v)", err, again)
+	}
+	if got, ok, err := s.CheckAgentCredential(ctx, cred3); err != nil || !ok || got != uid {
+		t.Fatalf("the new credential: %q %v %v", got, ok, err)
+	}
+	if _, _, err := s.EnrollAgentCredential(ctx, uid); !errors.Is(err, ErrCredentialHeld) {
+		t.Fatalf("the allowance after revocation was not used up: %v", err)
 	}
 }

@@ -207,23 +207,20 @@ func (s *Store) EnrollAgentCredential(ctx context.Context, uid string) (cred str
 
 // AllowReenroll lets agent uid enroll once more with the enrollment secret
 // although it holds a credential (the agent lost its credential, or was
-// reinstalled with its old UID). by is recorded. ErrNotFound when uid has
-// no credential (the secret enrolls it anyway), ErrRevoked when revoked.
+// reinstalled with its old UID) or was revoked (an admin brings it back:
+// the revocation is lifted for that one enrollment, the old credential
+// stays void because revoking deleted it). by is recorded; the revocation
+// and the allowance stay in the agent's events. ErrNotFound when uid has
+// neither a credential nor a revocation (the secret enrolls it anyway).
 func (s *Store) AllowReenroll(ctx context.Context, uid, by string) (AgentCredential, error) {
-	rows, err := s.Pool.Query(ctx, `UPDATE agent_credentials SET reenroll_allowed_at = now(), reenroll_allowed_by = $2
-		WHERE instance_uid = $1 AND hash IS NOT NULL AND revoked_at IS NULL RETURNING `+credCols, uid, by)
+	rows, err := s.Pool.Query(ctx, `UPDATE agent_credentials SET reenroll_allowed_at = now(), reenroll_allowed_by = $2,
+			revoked_at = NULL, revoked_by = ''
+		WHERE instance_uid = $1 AND (hash IS NOT NULL OR revoked_at IS NOT NULL) RETURNING `+credCols, uid, by)
 	if err != nil {
 		return AgentCredential{}, err
 	}
 	c, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[AgentCredential])
 	if errors.Is(err, pgx.ErrNoRows) {
-		c, ok, err := s.AgentCredentialOf(ctx, uid)
-		switch {
-		case err != nil:
-			return AgentCredential{}, err
-		case ok && c.RevokedAt != nil:
-			return AgentCredential{}, ErrRevoked
-		}
 		return AgentCredential{}, ErrNotFound
 	}
 	return c, err

@@ -26,8 +26,6 @@ func (h *handler) allowReenroll(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		http.Error(w, "agent "+r.PathValue("uid")+" has no credential", http.StatusNotFound)
-	case errors.Is(err, store.ErrRevoked):
-		http.Error(w, "agent "+r.PathValue("uid")+" is revoked", http.StatusConflict)
 	case err != nil:
 		h.fail(w, err)
 	default:
