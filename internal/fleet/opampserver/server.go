@@ -76,6 +76,8 @@ type Options struct {
 	// OfflineAfter: an agent whose connection was silent for longer may be
 	// replaced by a new connection of the same UID; default 90s.
 	OfflineAfter time.Duration
+	// Limits protect the listener (bodyguard.go).
+	Limits ListenerLimits
 }
 
 // Server is the OpAMP side of one replica.
@@ -97,7 +99,7 @@ type Server struct {
 	byUID map[string]*agentConn // WebSocket agents by uid
 	http  map[string]*httpAgent // plain-HTTP agents known to this process
 
-	failures   *authlimit.Limiter
+	guard      *bodyGuard
 	reconnects *authlimit.Limiter
 
 	mConns    prometheus.GaugeFunc
@@ -171,7 +173,8 @@ func New(o Options) *Server {
 	}
 	s := &Server{o: o, log: o.Log.With("component", "opamp"), conns: map[types.Connection]*agentConn{},
 		byUID: map[string]*agentConn{}, http: map[string]*httpAgent{},
-		failures: authlimit.New(o.AuthFailuresPerMinute), reconnects: authlimit.New(o.ReconnectsPerMinute)}
+		reconnects: authlimit.New(o.ReconnectsPerMinute)}
+	s.guard = newBodyGuard(s)
 	s.mConns = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "myriarch_opamp_connections", Help: "Open OpAMP WebSocket connections on this replica."},
 		func() float64 { return float64(s.Connections()) })
 	s.mMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_messages_total", Help: "OpAMP messages received."})
@@ -193,13 +196,15 @@ func (s *Server) Start(addr, path string, tlsCfg *tls.Config) error {
 	if err != nil {
 		return fmt.Errorf("server.opampListen %s: %w", addr, err)
 	}
+	l = s.o.Limits.Proxies.ListenerOf(l)
 	if tlsCfg != nil {
 		l = tls.NewListener(l, tlsCfg)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(path, s.limit(http.HandlerFunc(s.handler)))
+	mux.Handle(path, s.guard.wrap(http.HandlerFunc(s.handler)))
 	// No read or write timeout: WebSocket connections last for hours. A
-	// plain-HTTP body is bounded by MaxMessageBytes (s.limit).
+	// plain-HTTP body is read under its own deadline, after
+	// authentication (bodyguard.go).
 	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	s.addr = l.Addr()
@@ -313,18 +318,10 @@ func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
 	if s.stopping.Load() {
 		return refuse(http.StatusServiceUnavailable, "1")
 	}
-	src := authlimit.Source(r)
-	if s.failures.Blocked(src) {
-		return refuse(http.StatusTooManyRequests, authlimit.RetryAfter)
-	}
-	a, code := s.authenticate(r)
-	switch code {
-	case http.StatusUnauthorized:
-		s.failures.Add(src)
-		return refuse(code, "")
-	case 0:
-	default:
-		return refuse(code, "5")
+	// Authenticated by the body guard before the body was read.
+	a, code, retry, src := s.authOf(r)
+	if code != 0 {
+		return refuse(code, retry)
 	}
 	ws := r.Header.Get("Upgrade") != ""
 	if a.uid != "" && ws {
