@@ -70,6 +70,12 @@ type ListenerLimits struct {
 // applies.
 const bodyGrace = 2 * time.Second
 
+// admitWait bounds the wait of a request for its turn in the slow lane
+// of a source over its failure limit, and its check (429 after it): the
+// OpAMP request has no deadline of its own, and a guesser's connections
+// must not queue for minutes.
+const admitWait = 5 * time.Second
+
 // bodyChunk is the step in which the held bytes of a body are charged.
 const bodyChunk = 32 << 10
 
@@ -135,7 +141,9 @@ func (g *bodyGuard) admit(r *http.Request) (a connAuth, code int, retry, reason,
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 		cred = r.Header.Get("Authorization")
 	}
-	ok, err := g.guard.Check(r.Context(), src, cred, func(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), admitWait)
+	defer cancel()
+	ok, err := g.guard.Check(ctx, src, cred, func(ctx context.Context) (bool, error) {
 		var c int
 		a, c = g.s.authenticate(r.WithContext(ctx))
 		switch c {
@@ -238,12 +246,18 @@ func (g *bodyGuard) read(w http.ResponseWriter, r *http.Request, src string) (bo
 		}
 		src2 = zr
 	}
+	// A declared length without gzip is what arrives (net/http ends the
+	// body there): charge exactly that. Otherwise grow in steps.
+	exact := r.ContentLength >= 0 && r.Header.Get("Content-Encoding") != "gzip"
 	first := int64(bodyChunk)
-	if r.ContentLength >= 0 && r.Header.Get("Content-Encoding") != "gzip" {
-		first = r.ContentLength + 1 // +1 to see EOF without growing
+	if exact {
+		first = r.ContentLength
 	}
 	first = min(first, max+1)
 	for {
+		if exact && int64(len(body)) == r.ContentLength {
+			break
+		}
 		if int64(len(body)) == int64(cap(body)) {
 			if int64(cap(body)) > max {
 				return body, held, http.StatusRequestEntityTooLarge, "too_large", tooLarge
