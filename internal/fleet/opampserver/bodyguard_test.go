@@ -3,6 +3,7 @@ package opampserver
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -69,8 +70,11 @@ func status(t *testing.T, c net.Conn, within time.Duration) (code int, closed bo
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	// Closed: EOF, or a reset when unread bytes of ours were left in the
+	// server's buffer; not a timeout of our read.
 	_, err = br.ReadByte()
-	return resp.StatusCode, err == io.EOF
+	var ne net.Error
+	return resp.StatusCode, err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }
 
 // trickle sends one byte every interval until stop is closed or the
