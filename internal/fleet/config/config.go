@@ -383,7 +383,7 @@ var Settings = []Setting{
 		"Largest OpAMP message in bytes after gzip decompression (plain-HTTP body or WebSocket message); larger ones close the connection.",
 		func(c *Config) *int64 { return &c.Server.OpAMPMaxMessageBytes }),
 	intSetting("server.authFailuresPerMinute", "30", 1, 1000000,
-		"Failed authentications (API token, UI login, OpAMP secret or credential) one source address may make per minute; beyond it the source gets 429 without a check.",
+		"Failed authentications (API token, UI login, OpAMP secret or credential) one source address may make per minute at full speed; beyond it the source's checks are slowed (server.authFailurePenalty) while valid credentials from it are still accepted. Artifact downloads beyond it get 429 without a check.",
 		func(c *Config) *int64 { return &c.Server.AuthFailuresPerMinute }),
 	durSetting("server.uiSessionTtl", "12h", time.Minute, 30*24*time.Hour,
 		"Lifetime of a UI login session (kept on the server; logout ends it).", func(c *Config) *time.Duration { return &c.Server.UISessionTTL }),
