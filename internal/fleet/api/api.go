@@ -8,9 +8,14 @@
 // Every endpoint declares the role it needs where it is registered
 // (a.route); Routes lists them, and the role table test walks that list,
 // so an endpoint added later is covered without a change to the test.
-// A source address whose tokens failed too often (authlimit) is refused
-// with 429 before the next token costs a database query. Unauthenticated
-// callers never see an internal error text: it goes to the log.
+// A source address whose tokens failed too often is slowed down
+// (authlimit.Guard): its checks run one at a time and a failed one is
+// answered 429 after a penalty, while a valid token from the same address
+// is still accepted. Behind trusted proxies the source is the client they
+// name. Every /api/v1 request, token check included, runs under
+// RequestTimeout: in a database outage it is answered 503 by then.
+// Unauthenticated callers never see an internal error text: it goes to
+// the log.
 package api
 
 import (
@@ -60,13 +65,20 @@ type Options struct {
 	AuthFailuresPerMinute int64
 	// SessionTTL is the lifetime of a UI session; default 12h.
 	SessionTTL time.Duration
+	// Proxies are the trusted load balancers (server.trustedProxies).
+	Proxies *authlimit.Proxies
+	// AuthFailurePenalty: see authlimit.Guard; default 1s.
+	AuthFailurePenalty time.Duration
+	// RequestTimeout is the deadline of an API or UI request, its token or
+	// session check included; default 5s.
+	RequestTimeout time.Duration
 }
 
 // API serves the endpoints.
 type API struct {
-	o        Options
-	failures *authlimit.Limiter
-	routes   []Route
+	o      Options
+	guard  *authlimit.Guard
+	routes []Route
 }
 
 // New returns the API.
@@ -83,7 +95,13 @@ func New(o Options) *API {
 	if o.AuthFailuresPerMinute == 0 {
 		o.AuthFailuresPerMinute = 30
 	}
-	return &API{o: o, failures: authlimit.New(o.AuthFailuresPerMinute)}
+	if o.AuthFailurePenalty == 0 {
+		o.AuthFailurePenalty = time.Second
+	}
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = 5 * time.Second
+	}
+	return &API{o: o, guard: authlimit.NewGuard(o.AuthFailuresPerMinute, o.AuthFailurePenalty)}
 }
 
 // Public is the Role of the endpoints that need no token.
@@ -155,36 +173,55 @@ func (a *API) Register(mux *http.ServeMux) {
 var (
 	// ErrInvalidToken: unknown or revoked.
 	ErrInvalidToken = errors.New("invalid API token (unknown or revoked)")
-	// ErrTooManyFailures: the source failed too often; not checked.
-	ErrTooManyFailures = errors.New("too many failed authentications from this address; retry in a minute")
+	// ErrTooManyFailures: the source failed too often and this check
+	// failed too, or did not get its turn before the deadline.
+	ErrTooManyFailures = errors.New("too many failed authentications from this address; slow down")
 	// ErrUnavailable: the check itself failed (database); the cause is logged.
 	ErrUnavailable = errors.New("the token check is unavailable; retry later")
 )
 
-// Check authenticates token tok presented by source (authlimit.Source):
-// it asks the database every time, so a revoked token is refused at once
-// on every replica, unless source failed too often.
+// Check authenticates token tok presented by source (a.Source): it asks
+// the database every time, so a revoked token is refused at once on every
+// replica. A source that failed too often is slowed (authlimit.Guard).
 func (a *API) Check(ctx context.Context, source, tok string) (store.Token, error) {
-	if a.failures.Blocked(source) {
+	return a.guarded(ctx, source, tok, "checking an API token failed", a.o.Store.CheckToken)
+}
+
+// guarded runs a token or session check through the failure guard.
+func (a *API) guarded(ctx context.Context, source, cred, failMsg string, check func(context.Context, string) (store.Token, bool, error)) (store.Token, error) {
+	var t store.Token
+	ok, err := a.guard.Check(ctx, source, cred, func(ctx context.Context) (bool, error) {
+		var ok bool
+		var err error
+		t, ok, err = check(ctx, cred)
+		return ok, err
+	})
+	switch {
+	case errors.Is(err, authlimit.ErrSlowedDown):
 		return store.Token{}, ErrTooManyFailures
-	}
-	t, ok, err := a.o.Store.CheckToken(ctx, tok)
-	if err != nil {
-		a.o.Log.Warn("checking an API token failed", "error", err)
+	case err != nil:
+		a.o.Log.Warn(failMsg, "error", err)
 		return store.Token{}, ErrUnavailable
-	}
-	if !ok {
-		a.Failed(source)
+	case !ok:
 		return store.Token{}, ErrInvalidToken
 	}
 	return t, nil
 }
 
-// Failed counts a failed authentication of source (the UI's sessions).
-func (a *API) Failed(source string) { a.failures.Add(source) }
+// Source is the source address of r that failures are counted on: the
+// client named by a trusted proxy, else the peer.
+func (a *API) Source(r *http.Request) string { return a.o.Proxies.Source(r) }
 
-// Blocked reports whether source failed too often to be checked.
-func (a *API) Blocked(source string) bool { return a.failures.Blocked(source) }
+// RetryAfter is the Retry-After of ErrTooManyFailures.
+func (a *API) RetryAfter() string { return a.guard.RetryAfter() }
+
+// WithDeadline returns r under the request deadline (RequestTimeout) and
+// its cancel function: the token or session check and the handler share
+// it.
+func (a *API) WithDeadline(r *http.Request) (*http.Request, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(r.Context(), a.o.RequestTimeout)
+	return r.WithContext(ctx), cancel
+}
 
 // Authenticate returns the token name of a valid token, or "" for an
 // unknown or revoked one.
@@ -226,10 +263,12 @@ func (a *API) auth(role store.Role, h http.HandlerFunc) http.Handler {
 			writeErr(w, http.StatusUnauthorized, "an API token is required (Authorization: Bearer <token>; create one with `myriarchd token create`)")
 			return
 		}
-		t, err := a.Check(r.Context(), authlimit.Source(r), tok)
+		r, cancel := a.WithDeadline(r)
+		defer cancel()
+		t, err := a.Check(r.Context(), a.Source(r), tok)
 		switch {
 		case errors.Is(err, ErrTooManyFailures):
-			w.Header().Set("Retry-After", authlimit.RetryAfter)
+			w.Header().Set("Retry-After", a.RetryAfter())
 			writeErr(w, http.StatusTooManyRequests, err.Error())
 			return
 		case errors.Is(err, ErrInvalidToken):

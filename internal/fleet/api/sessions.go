@@ -18,19 +18,7 @@ func (a *API) OpenSession(ctx context.Context, t store.Token) (string, time.Dura
 // Session returns the token of a valid UI session from source. An unknown
 // or expired session counts as a failed authentication of source.
 func (a *API) Session(ctx context.Context, source, id string) (store.Token, error) {
-	if a.failures.Blocked(source) {
-		return store.Token{}, ErrTooManyFailures
-	}
-	t, ok, err := a.o.Store.CheckSession(ctx, id)
-	if err != nil {
-		a.o.Log.Warn("checking a UI session failed", "error", err)
-		return store.Token{}, ErrUnavailable
-	}
-	if !ok {
-		a.Failed(source)
-		return store.Token{}, ErrInvalidToken
-	}
-	return t, nil
+	return a.guarded(ctx, source, id, "checking a UI session failed", a.o.Store.CheckSession)
 }
 
 // CloseSession ends a UI session (logout).

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/godur"
 	"go.yaml.in/yaml/v3"
 )
@@ -115,6 +116,15 @@ type Server struct {
 	AgentMaxAttributeValueBytes  int64
 	AgentMaxEffectiveConfigBytes int64
 	AgentMaxHealthComponents     int64
+	// Listener protection (issue 21): trusted proxies, the failure
+	// penalty, the API/UI request deadline and the OpAMP body bounds.
+	TrustedProxies          string
+	AuthFailurePenalty      time.Duration
+	RequestTimeout          time.Duration
+	OpAMPBodyTimeout        time.Duration
+	OpAMPBodyMinRate        int64
+	OpAMPBodyBytesInFlight  int64
+	OpAMPBodyBytesPerSource int64
 }
 
 // Database is the PostgreSQL connection.
@@ -384,7 +394,7 @@ var Settings = []Setting{
 		"Largest OpAMP message in bytes after gzip decompression (plain-HTTP body or WebSocket message); larger ones close the connection.",
 		func(c *Config) *int64 { return &c.Server.OpAMPMaxMessageBytes }),
 	intSetting("server.authFailuresPerMinute", "30", 1, 1000000,
-		"Failed authentications (API token, UI login, OpAMP secret or credential) one source address may make per minute; beyond it the source gets 429 without a check.",
+		"Failed authentications (API token, UI login, OpAMP secret or credential) one source address may make per minute at full speed; beyond it the source's checks are slowed (server.authFailurePenalty) while valid credentials from it are still accepted. Artifact downloads beyond it get 429 without a check.",
 		func(c *Config) *int64 { return &c.Server.AuthFailuresPerMinute }),
 	durSetting("server.uiSessionTtl", "12h", time.Minute, 30*24*time.Hour,
 		"Lifetime of a UI login session (kept on the server; logout ends it).", func(c *Config) *time.Duration { return &c.Server.UISessionTTL }),
@@ -410,6 +420,27 @@ var Settings = []Setting{
 	intSetting("server.agentMaxHealthComponents", "1000", 1, 1000000,
 		"Most component health entries (nested ones included) an agent may report.",
 		func(c *Config) *int64 { return &c.Server.AgentMaxHealthComponents }),
+	strSetting("server.trustedProxies", "", "must be a comma-separated list of IP addresses and CIDR prefixes",
+		"Load balancers (HAProxy, nginx) in front of the replicas whose word on the client address is taken: from them, the right-most X-Forwarded-For address that is not itself a trusted proxy, or the address of a PROXY protocol v1/v2 header, is the source that server.authFailuresPerMinute counts. From any other peer both are ignored. Applies to the OpAMP and the API/UI listener. Empty: the peer address is the source.",
+		func(s string) bool { _, err := authlimit.ParseProxies(s); return err == nil }, func(c *Config) *string { return &c.Server.TrustedProxies }),
+	durSetting("server.authFailurePenalty", "1s", 100*time.Millisecond, time.Minute,
+		"Once a source passed server.authFailuresPerMinute, its checks run one at a time and each failed one is answered 429 after this pause, holding the next: guessing slows to one per penalty. A valid token or credential is still accepted (one that worked before skips the queue).",
+		func(c *Config) *time.Duration { return &c.Server.AuthFailurePenalty }),
+	durSetting("server.requestTimeout", "5s", time.Second, 10*time.Minute,
+		"Deadline of an API or UI request, token or session check included: during a database outage the request is answered 503 by then.",
+		func(c *Config) *time.Duration { return &c.Server.RequestTimeout }),
+	durSetting("server.opampBodyTimeout", "30s", time.Second, 10*time.Minute,
+		"Time an authenticated plain-HTTP OpAMP request has to send its body; a slower one is cut (408).",
+		func(c *Config) *time.Duration { return &c.Server.OpAMPBodyTimeout }),
+	intSetting("server.opampBodyMinRate", "4096", 0, 1<<30,
+		"Slowest plain-HTTP OpAMP body in bytes per second, averaged from two seconds after the headers; a slower one is cut (408). 0: only server.opampBodyTimeout.",
+		func(c *Config) *int64 { return &c.Server.OpAMPBodyMinRate }),
+	intSetting("server.opampBodyBytesInFlight", "67108864", 4096, 1<<40,
+		"Bytes of plain-HTTP OpAMP bodies (after decompression) the OpAMP listener holds at once; a body that would pass it is answered 503 with Retry-After. At least server.opampBodyBytesPerSource.",
+		func(c *Config) *int64 { return &c.Server.OpAMPBodyBytesInFlight }),
+	intSetting("server.opampBodyBytesPerSource", "8388608", 4096, 1<<40,
+		"Bytes of plain-HTTP OpAMP bodies one source address holds at once; beyond it 429 with Retry-After. At least server.opampMaxMessageBytes.",
+		func(c *Config) *int64 { return &c.Server.OpAMPBodyBytesPerSource }),
 	secret(strSetting("database.url", "", "must be a postgres:// URL or a key=value connection string", "PostgreSQL connection string. Required (not with --dev).",
 		func(s string) bool {
 			return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") || strings.Contains(s, "=")
@@ -717,6 +748,14 @@ func (c *Config) crossCheck() []error {
 	if c.Agents.OfflineAfter <= 2*c.Server.LastSeenFlushInterval {
 		errs = append(errs, &FieldError{Field: "agents.offlineAfter", Value: c.Agents.OfflineAfter.String(),
 			Rule: fmt.Sprintf("must be more than 2 × server.lastSeenFlushInterval (%v)", 2*c.Server.LastSeenFlushInterval)})
+	}
+	if c.Server.OpAMPBodyBytesPerSource < c.Server.OpAMPMaxMessageBytes {
+		errs = append(errs, &FieldError{Field: "server.opampBodyBytesPerSource", Value: strconv.FormatInt(c.Server.OpAMPBodyBytesPerSource, 10),
+			Rule: fmt.Sprintf("must be at least server.opampMaxMessageBytes (%d), or no message that large could arrive", c.Server.OpAMPMaxMessageBytes)})
+	}
+	if c.Server.OpAMPBodyBytesInFlight < c.Server.OpAMPBodyBytesPerSource {
+		errs = append(errs, &FieldError{Field: "server.opampBodyBytesInFlight", Value: strconv.FormatInt(c.Server.OpAMPBodyBytesInFlight, 10),
+			Rule: fmt.Sprintf("must be at least server.opampBodyBytesPerSource (%d)", c.Server.OpAMPBodyBytesPerSource)})
 	}
 	if _, err := c.keepalive(); err != nil {
 		errs = append(errs, err)

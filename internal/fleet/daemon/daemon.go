@@ -143,7 +143,8 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	// One issuer of download tokens for the offers and the artifact
 	// endpoint (AgentAuth), so they share the cached keys.
 	tokens := artifacts.NewTokens(d.Store.Pool)
-	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID,
+	proxies, limits := listenerLimits(cfg.Server)
+	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID, Listener: limits,
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
 		MaxMessageBytes: cfg.Server.OpAMPMaxMessageBytes, AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute,
 		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter,
@@ -221,7 +222,8 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	}
 
 	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log,
-		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL})
+		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL,
+		Proxies: proxies, AuthFailurePenalty: cfg.Server.AuthFailurePenalty, RequestTimeout: cfg.Server.RequestTimeout})
 	mux := http.NewServeMux()
 	d.API.Register(mux)
 	// server.httpWriteTimeout bounds an API response; for a download it is
@@ -241,6 +243,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	}
 	d.httpAddr = l.Addr()
 	d.httpSrv = newHTTPServer(cfg.Server, mux, httpTLS)
+	l = proxies.ListenerOf(l)
 	if httpTLS != nil {
 		l = tls.NewListener(l, httpTLS)
 	}

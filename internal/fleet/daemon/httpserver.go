@@ -10,7 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/config"
+	"github.com/myriarch/myriarch/internal/fleet/opampserver"
 )
 
 // certReloader serves a certificate from a PEM pair and loads it again
@@ -121,4 +123,18 @@ func newHTTPServer(s config.Server, h http.Handler, tlsCfg *tls.Config) *http.Se
 		IdleTimeout:       s.HTTPIdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 	}
+}
+
+// listenerLimits are the trusted proxies (both listeners) and the bounds
+// of the OpAMP listener from the server.* settings. The list was checked
+// by config.Load.
+func listenerLimits(s config.Server) (*authlimit.Proxies, opampserver.ListenerLimits) {
+	proxies, _ := authlimit.ParseProxies(s.TrustedProxies)
+	rate := s.OpAMPBodyMinRate
+	if rate == 0 {
+		rate = -1 // 0 in the setting: no minimum rate
+	}
+	return proxies, opampserver.ListenerLimits{Proxies: proxies, AuthFailurePenalty: s.AuthFailurePenalty,
+		BodyTimeout: s.OpAMPBodyTimeout, BodyMinRate: rate, BodyBytesInFlight: s.OpAMPBodyBytesInFlight,
+		BodyBytesPerSource: s.OpAMPBodyBytesPerSource}
 }

@@ -40,10 +40,10 @@ func FuzzAgentToServer(f *testing.F) {
 	}
 	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0}, false)
 	const max = 64 << 10
-	s := New(Options{Batcher: lastseen.New(nil, time.Hour, nil, nil), ReplicaID: "r", MaxMessageBytes: max})
+	s := New(Options{Batcher: lastseen.New(nil, time.Hour, nil, nil), ReplicaID: "r", MaxMessageBytes: max, Secret: "fuzz-enrollment-secret"})
 	f.Fuzz(func(t *testing.T, data []byte, gz bool) {
 		var parsed *protobufs.AgentToServer
-		h := s.limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := s.guard.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, err := io.ReadAll(r.Body)
 			if err != nil || len(b) > max {
 				t.Fatalf("the limit let %d bytes through (%v)", len(b), err)
@@ -62,6 +62,7 @@ func FuzzAgentToServer(f *testing.F) {
 			body = buf.Bytes()
 		}
 		req := httptest.NewRequest("POST", "/v1/opamp", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer fuzz-enrollment-secret")
 		if gz {
 			req.Header.Set("Content-Encoding", "gzip")
 		}

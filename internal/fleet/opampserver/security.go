@@ -1,25 +1,18 @@
 package opampserver
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
-	"reflect"
 	"strings"
 	"time"
-	"unsafe"
 
-	"github.com/gorilla/websocket"
 	"github.com/open-telemetry/opamp-go/protobufs"
-	"github.com/open-telemetry/opamp-go/server/types"
 
 	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/store"
@@ -430,67 +423,6 @@ func (s *Server) rotateOffer(ctx context.Context, ac *agentConn, uid string) (*p
 	s.log.Info("agent credential rotated", "agent", uid)
 	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: store.EventCredentialRotated, ReplicaID: s.o.ReplicaID})
 	return s.offer(cred, ac.auth.endpoint, ac.seen.caps, ac.ws, ac.hb), nil
-}
-
-// limit bounds plain-HTTP OpAMP bodies before opamp-go reads them (it reads
-// and gunzips without a limit): at most MaxMessageBytes on the wire and
-// after decompression, so a gzip bomb costs MaxMessageBytes, not memory.
-// A source that failed to authenticate too often is refused here too.
-func (s *Server) limit(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") != "" {
-			next.ServeHTTP(w, r) // WebSocket: the read limit is set on the connection
-			return
-		}
-		max := s.o.MaxMessageBytes
-		var src io.Reader = http.MaxBytesReader(w, r.Body, max)
-		if r.Header.Get("Content-Encoding") == "gzip" {
-			zr, err := gzip.NewReader(src)
-			if err != nil {
-				s.mRejected.Inc()
-				http.Error(w, "body: not gzip", http.StatusBadRequest)
-				return
-			}
-			src = zr
-		}
-		body, err := io.ReadAll(io.LimitReader(src, max+1))
-		if err == nil && int64(len(body)) > max {
-			err = &http.MaxBytesError{Limit: max}
-		}
-		if err != nil {
-			s.mRejected.Inc()
-			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-				http.Error(w, fmt.Sprintf("OpAMP message larger than %d bytes (after decompression)", max), http.StatusRequestEntityTooLarge)
-				return
-			}
-			http.Error(w, "body: unreadable", http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		r.Header.Del("Content-Encoding")
-		next.ServeHTTP(w, r)
-	})
-}
-
-// setReadLimit bounds the WebSocket messages of c: gorilla/websocket
-// closes a connection whose message is larger (close code 1009).
-// opamp-go sets no limit and does not expose the *websocket.Conn, so it is
-// taken from the connection's field; without compression on the socket
-// (opamp-go does not enable it) a message is as large on the wire as
-// decompressed.
-func setReadLimit(c types.Connection, limit int64) {
-	v := reflect.ValueOf(c)
-	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
-		return
-	}
-	f := v.Elem().FieldByName("wsConn")
-	if !f.IsValid() || f.Type() != reflect.TypeFor[*websocket.Conn]() {
-		return
-	}
-	if ws := reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(*websocket.Conn); ws != nil {
-		ws.SetReadLimit(limit)
-	}
 }
 
 // refuseMessage ends a connection whose message is refused (a credential

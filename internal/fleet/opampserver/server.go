@@ -90,6 +90,8 @@ type Options struct {
 	// StormLogInterval: a refusal that repeats is logged once per
 	// interval with a count; default 1m.
 	StormLogInterval time.Duration
+	// Listener protects the listener (bodyguard.go).
+	Listener ListenerLimits
 }
 
 // Server is the OpAMP side of one replica.
@@ -111,7 +113,7 @@ type Server struct {
 	byUID map[string]*agentConn // WebSocket agents by uid
 	http  map[string]*httpAgent // plain-HTTP agents known to this process
 
-	failures    *authlimit.Limiter
+	guard       *bodyGuard
 	reconnects  *authlimit.Limiter
 	enrollments *authlimit.Limiter
 	backoff     sourceBackoff
@@ -208,8 +210,9 @@ func New(o Options) *Server {
 	o.Limits.defaults()
 	s := &Server{o: o, log: o.Log.With("component", "opamp"), conns: map[types.Connection]*agentConn{},
 		byUID: map[string]*agentConn{}, http: map[string]*httpAgent{},
-		failures: authlimit.New(o.AuthFailuresPerMinute), reconnects: authlimit.New(o.ReconnectsPerMinute),
+		reconnects:  authlimit.New(o.ReconnectsPerMinute),
 		enrollments: authlimit.New(o.EnrollmentsPerMinute), storm: &stormLog{interval: o.StormLogInterval}}
+	s.guard = newBodyGuard(s)
 	s.mConns = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "myriarch_opamp_connections", Help: "Open OpAMP WebSocket connections on this replica."},
 		func() float64 { return float64(s.Connections()) })
 	s.mMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_opamp_messages_total", Help: "OpAMP messages received."})
@@ -237,13 +240,15 @@ func (s *Server) Start(addr, path string, tlsCfg *tls.Config) error {
 	if err != nil {
 		return fmt.Errorf("server.opampListen %s: %w", addr, err)
 	}
+	l = s.o.Listener.Proxies.ListenerOf(l)
 	if tlsCfg != nil {
 		l = tls.NewListener(l, tlsCfg)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(path, s.limit(http.HandlerFunc(s.handler)))
+	mux.Handle(path, s.guard.wrap(http.HandlerFunc(s.handler)))
 	// No read or write timeout: WebSocket connections last for hours. A
-	// plain-HTTP body is bounded by MaxMessageBytes (s.limit).
+	// plain-HTTP body is read under its own deadline, after
+	// authentication (bodyguard.go).
 	s.httpSrv = &http.Server{Handler: mux, ConnContext: s.connCtx, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	s.addr = l.Addr()
@@ -357,18 +362,10 @@ func (s *Server) onConnecting(r *http.Request) types.ConnectionResponse {
 	if s.stopping.Load() {
 		return refuse(http.StatusServiceUnavailable, "1")
 	}
-	src := authlimit.Source(r)
-	if s.failures.Blocked(src) {
-		return refuse(http.StatusTooManyRequests, authlimit.RetryAfter)
-	}
-	a, code := s.authenticate(r)
-	switch code {
-	case http.StatusUnauthorized:
-		s.failures.Add(src)
-		return refuse(code, "")
-	case 0:
-	default:
-		return refuse(code, "5")
+	// Authenticated by the body guard before the body was read.
+	a, code, retry, src := s.authOf(r)
+	if code != 0 {
+		return refuse(code, retry)
 	}
 	ws := r.Header.Get("Upgrade") != ""
 	now := time.Now()

@@ -26,7 +26,6 @@ import (
 	"strings"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
-	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
@@ -149,13 +148,15 @@ func (h *handler) auth(role store.Role, next http.HandlerFunc) http.HandlerFunc 
 			http.Redirect(w, r, "/ui/login", http.StatusFound)
 			return
 		}
-		t, err := h.a.Session(r.Context(), authlimit.Source(r), c.Value)
+		r, cancel := h.a.WithDeadline(r)
+		defer cancel()
+		t, err := h.a.Session(r.Context(), h.a.Source(r), c.Value)
 		switch {
 		case errors.Is(err, api.ErrInvalidToken):
 			http.Redirect(w, r, "/ui/login", http.StatusFound)
 			return
 		case errors.Is(err, api.ErrTooManyFailures):
-			w.Header().Set("Retry-After", authlimit.RetryAfter)
+			w.Header().Set("Retry-After", h.a.RetryAfter())
 			http.Error(w, "myriarchd: "+err.Error(), http.StatusTooManyRequests)
 			return
 		case err != nil:
@@ -175,17 +176,19 @@ func (h *handler) loginForm(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
+	r, cancel := h.a.WithDeadline(r)
+	defer cancel()
 	tok := strings.TrimSpace(r.PostFormValue("token"))
-	t, err := h.a.Check(r.Context(), authlimit.Source(r), tok)
+	t, err := h.a.Check(r.Context(), h.a.Source(r), tok)
 	switch {
 	case errors.Is(err, api.ErrInvalidToken):
 		w.WriteHeader(http.StatusUnauthorized)
 		h.render(w, r, "login", "Log in", struct{ Error string }{"Invalid API token."})
 		return
 	case errors.Is(err, api.ErrTooManyFailures):
-		w.Header().Set("Retry-After", authlimit.RetryAfter)
+		w.Header().Set("Retry-After", h.a.RetryAfter())
 		w.WriteHeader(http.StatusTooManyRequests)
-		h.render(w, r, "login", "Log in", struct{ Error string }{"Too many failed logins from this address; retry in a minute."})
+		h.render(w, r, "login", "Log in", struct{ Error string }{"Too many failed logins from this address; wait a moment and retry."})
 		return
 	case err != nil:
 		http.Error(w, "myriarchd: "+err.Error(), http.StatusServiceUnavailable)
