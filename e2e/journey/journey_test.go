@@ -238,6 +238,19 @@ func TestJourney(t *testing.T) {
 		return owner != nil && standby != nil
 	}
 	until(t, "one owner at full and one standby, reported to myriarchd", time.Minute, roles)
+	// A WebSocket agent's credential comes with the reply to its first
+	// heartbeat (myriarchd offers the interval the heartbeats show, so that
+	// the agent keeps its own): up to one heartbeat interval after it
+	// connected.
+	until(t, "each bridge issued a credential of its own", 2*time.Minute, func() bool {
+		for _, br := range bridges {
+			var cred store.AgentCredential
+			if !api.get("/api/v1/agents/"+br.uid+"/credential", &cred) || !cred.Issued {
+				return false
+			}
+		}
+		return true
+	})
 	for _, br := range bridges {
 		// Enrolled: online on the preferred replica, a credential of its
 		// own issued and kept by the bridge, used from then on.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -448,5 +449,36 @@ func TestOfferedHeartbeatInterval(t *testing.T) {
 	if !isHeartbeat(&protobufs.AgentToServer{InstanceUid: []byte{1}, SequenceNum: 3, Capabilities: 5}) ||
 		isHeartbeat(&protobufs.AgentToServer{InstanceUid: []byte{1}, Health: &protobufs.ComponentHealth{}}) {
 		t.Fatal("isHeartbeat")
+	}
+}
+
+// An agent that talks more often than its heartbeat interval sends no
+// heartbeat to learn the interval from; its credential still comes, after
+// LearnHeartbeatWithin, with the longest gap seen between its messages
+// (before: never, the agent stayed on the enrollment secret).
+func TestCredentialOfferedToAnAgentThatNeverHeartbeats(t *testing.T) {
+	st := openStore(t)
+	r := newRigWith(t, st, Options{LearnHeartbeatWithin: time.Second})
+	defer r.stop(t)
+	a := startAgent(t, fleettest.AgentOptions{URL: r.ws, Credential: true, Heartbeat: time.Hour})
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				_ = a.Client.SetHealth(&protobufs.ComponentHealth{Healthy: true, Status: strconv.Itoa(i)})
+			}
+		}
+	}()
+	ok := fleettest.Eventually(60*time.Second, func() bool { return a.Credential() != "" })
+	close(stop)
+	<-done
+	if !ok {
+		t.Fatal("an agent that never sends a bare heartbeat was never offered a credential")
 	}
 }

@@ -246,7 +246,7 @@ func (s *Server) admit(ctx context.Context, ac *agentConn, uid string, msg *prot
 		if s.needsLearnedHeartbeat(ac, msg.Capabilities) {
 			// Offered with the agent's own heartbeat interval, learnt
 			// from its first heartbeat (see heartbeatSeconds).
-			ac.pending = pendingEnroll
+			ac.pending, ac.pendingSince = pendingEnroll, time.Now()
 			return uid, true
 		}
 		if !s.enrollOffer(ctx, ac, uid, msg.Capabilities, 0, resp) {
@@ -394,7 +394,7 @@ func (s *Server) rotate(ctx context.Context, uid string) {
 		return
 	}
 	if s.needsLearnedHeartbeat(ac, ac.seen.caps) {
-		ac.pending = pendingRotate
+		ac.pending, ac.pendingSince = pendingRotate, time.Now()
 		return
 	}
 	offer, err := s.rotateOffer(ctx, ac, uid)

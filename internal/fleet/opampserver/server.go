@@ -90,6 +90,12 @@ type Options struct {
 	// StormLogInterval: a refusal that repeats is logged once per
 	// interval with a count; default 1m.
 	StormLogInterval time.Duration
+	// LearnHeartbeatWithin bounds the wait for an agent's first heartbeat
+	// before its credential offer: an agent that talks more often than
+	// its heartbeat interval never sends one, and is offered its
+	// credential after this with the longest gap seen between its
+	// messages (onWSMessage); default 5m.
+	LearnHeartbeatWithin time.Duration
 	// Listener protects the listener (bodyguard.go).
 	Listener ListenerLimits
 }
@@ -146,6 +152,13 @@ type agentConn struct {
 	// for it (security.go).
 	hb      uint64
 	pending int
+	// pendingSince is when the offer started waiting, and maxGap the
+	// longest silence between two messages since: an agent that always
+	// talks more often than its heartbeat interval sends no heartbeat, so
+	// after Options.LearnHeartbeatWithin its offer goes out with maxGap
+	// (at most its interval) instead of never.
+	pendingSince time.Time
+	maxGap       time.Duration
 }
 
 type httpAgent struct {
@@ -203,6 +216,9 @@ func New(o Options) *Server {
 	}
 	if o.SecretBackoff == 0 {
 		o.SecretBackoff = 30 * time.Second
+	}
+	if o.LearnHeartbeatWithin == 0 {
+		o.LearnHeartbeatWithin = 5 * time.Minute
 	}
 	if o.StormLogInterval == 0 {
 		o.StormLogInterval = time.Minute
@@ -567,6 +583,14 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 	} else if isHeartbeat(msg) {
 		ac.hb = heartbeatSeconds(prev, now)
 		s.pendingOffer(ctx, ac, uid, resp)
+	} else if ac.pending != 0 {
+		ac.maxGap = max(ac.maxGap, now.Sub(prev))
+		if now.Sub(ac.pendingSince) >= s.o.LearnHeartbeatWithin {
+			ac.hb = heartbeatSeconds(now.Add(-ac.maxGap), now)
+			s.log.Info("an agent sent no heartbeat to learn its interval from; offering its credential with the longest gap between its messages",
+				"agent", uid, "heartbeat_interval_s", ac.hb)
+			s.pendingOffer(ctx, ac, uid, resp)
+		}
 	}
 	s.o.Batcher.Touch(uid, ac.connID, now)
 	wasKnown := ac.seen.known
