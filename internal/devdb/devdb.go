@@ -174,6 +174,12 @@ func (d *DB) prepareDir() error {
 			return fmt.Errorf("%s is not empty and holds no --dev database (no pg or pgpass in it); give a new or empty directory", d.dir)
 		}
 	}
+	// The parents this creates (the default /var/lib/myriarchd/dev on a
+	// fresh host) must be searchable by the postgres user that runs the
+	// server as root's stand-in; existing ones keep their mode.
+	if err := os.MkdirAll(filepath.Dir(d.dir), 0o755); err != nil {
+		return err
+	}
 	for _, p := range []string{d.dir, d.pgDir()} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			return err
