@@ -3,7 +3,9 @@
 // wave, with the Spec of configuration rollouts (package rollout): waves,
 // max_in_progress, bake_s, apply_timeout_s, failure_policy, max_failed.
 //
-// Each step of a rollout is one term-fenced transaction. Sending an agent
+// The job is the rollout engine of package rollout (rollout.RunSteps) with
+// a package-version target: each step of a rollout is one transaction of
+// the job's own term, which the rollout row records. Sending an agent
 // the version is an offer (package artifacts: OpAMP PackagesAvailable with
 // the download URL, content hash and signature) recorded with the package
 // hash it must report. The gate reads the agents' PackageStatuses: an
@@ -78,6 +80,8 @@ type Rollout struct {
 	FinishedAt *time.Time   `json:"finished_at"`
 	// Counts are the agents per state.
 	Counts map[string]int `json:"agents"`
+	// term is the job's term of the step that works on the rollout.
+	term int64
 }
 
 // Create validates and records a rollout of version of pkg; the engine
@@ -170,8 +174,8 @@ func (t packageTarget) Active(ctx context.Context) ([]int64, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-func (t packageTarget) Step(ctx context.Context, tx pgx.Tx, _, id int64) error {
-	return t.e.step(ctx, tx, id)
+func (t packageTarget) Step(ctx context.Context, tx pgx.Tx, term, id int64) error {
+	return t.e.step(ctx, tx, term, id)
 }
 
 func (e *Engine) log() *slog.Logger {
@@ -181,13 +185,14 @@ func (e *Engine) log() *slog.Logger {
 	return e.Log
 }
 
-func setState(ctx context.Context, tx pgx.Tx, id int64, state, reason string) error {
-	_, err := tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = '', updated_at = now(),
-		finished_at = CASE WHEN $2 IN ('succeeded', 'rolled_back', 'aborted', 'failed') THEN now() END WHERE id = $1`, id, state, reason)
+// setState records the state of rollout r, written in the term of its step.
+func setState(ctx context.Context, tx pgx.Tx, r Rollout, state, reason string) error {
+	_, err := tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = '', updated_at = now(), term = $4,
+		finished_at = CASE WHEN $2 IN ('succeeded', 'rolled_back', 'aborted', 'failed') THEN now() END WHERE id = $1`, r.ID, state, reason, r.term)
 	return err
 }
 
-func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
+func (e *Engine) step(ctx context.Context, tx pgx.Tx, term, id int64) error {
 	var r Rollout
 	var sj []byte
 	if err := tx.QueryRow(ctx, `SELECT package, version, spec, state, wave, waves, requested FROM package_rollouts WHERE id = $1 FOR UPDATE`, id).
@@ -197,18 +202,18 @@ func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
 	if err := json.Unmarshal(sj, &r.Spec); err != nil {
 		return err
 	}
-	r.ID = id
+	r.ID, r.term = id, term
 	switch r.Requested {
 	case rollout.CmdAbort:
-		return setState(ctx, tx, id, StateAborted, "aborted by the operator")
+		return setState(ctx, tx, r, StateAborted, "aborted by the operator")
 	case rollout.CmdRollback:
 		r.State = StateRollingBack
-		if err := setState(ctx, tx, id, StateRollingBack, "rollback requested by the operator"); err != nil {
+		if err := setState(ctx, tx, r, StateRollingBack, "rollback requested by the operator"); err != nil {
 			return err
 		}
 	case rollout.CmdPause:
 		if r.State == StateRunning {
-			return setState(ctx, tx, id, StatePaused, "paused by the operator")
+			return setState(ctx, tx, r, StatePaused, "paused by the operator")
 		}
 	case rollout.CmdResume:
 		if r.State == StatePaused {
@@ -218,7 +223,7 @@ func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
 				return err
 			}
 			r.State = StateRunning
-			if err := setState(ctx, tx, id, StateRunning, ""); err != nil {
+			if err := setState(ctx, tx, r, StateRunning, ""); err != nil {
 				return err
 			}
 		}
@@ -241,7 +246,7 @@ func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		return err
 	}
 	if len(ags) == 0 {
-		return setState(ctx, tx, r.ID, StateFailed, "no agent that accepts packages matches the selector")
+		return setState(ctx, tx, r, StateFailed, "no agent that accepts packages matches the selector")
 	}
 	sizes := r.Spec.WaveSizes(len(ags))
 	i := 0
@@ -255,7 +260,7 @@ func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		}
 	}
 	e.log().Info("package rollout planned", "rollout", r.ID, "package", r.Package, "version", r.Version, "agents", len(ags), "waves", len(sizes))
-	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET state = 'running', wave = 0, waves = $2, updated_at = now() WHERE id = $1`, r.ID, len(sizes))
+	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET state = 'running', wave = 0, waves = $2, updated_at = now(), term = $3 WHERE id = $1`, r.ID, len(sizes), r.term)
 	return err
 }
 
@@ -357,7 +362,7 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		reason := fmt.Sprintf("%d agents failed (max_failed %d, max_failed_percent %g)", failed, r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
 		e.log().Warn("package rollout failed its gate", "rollout", r.ID, "reason", reason, "policy", r.Spec.FailurePolicy)
 		// Every agent has a version to go back to (or its offer is withdrawn).
-		return setState(ctx, tx, r.ID, r.Spec.FailureState(true), reason)
+		return setState(ctx, tx, r, r.Spec.FailureState(true), reason)
 	}
 	// Send the pending agents of the current wave.
 	open, baked := false, true
@@ -406,13 +411,13 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 	next := r.Wave + 1
 	if next >= r.Waves {
 		e.log().Info("package rollout succeeded", "rollout", r.ID, "package", r.Package, "version", r.Version)
-		if _, err := tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2 WHERE id = $1`, r.ID, next); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, term = $3 WHERE id = $1`, r.ID, next, r.term); err != nil {
 			return err
 		}
-		return setState(ctx, tx, r.ID, StateSucceeded, "")
+		return setState(ctx, tx, r, StateSucceeded, "")
 	}
 	e.log().Info("package rollout gate passed", "rollout", r.ID, "wave", r.Wave, "next", next)
-	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, updated_at = now() WHERE id = $1`, r.ID, next)
+	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, updated_at = now(), term = $3 WHERE id = $1`, r.ID, next, r.term)
 	return err
 }
 
@@ -449,5 +454,5 @@ func (e *Engine) rollBack(ctx context.Context, tx pgx.Tx, r Rollout) error {
 	if err := tx.QueryRow(ctx, `SELECT reason FROM package_rollouts WHERE id = $1`, r.ID).Scan(&reason); err != nil {
 		return err
 	}
-	return setState(ctx, tx, r.ID, StateRolledBack, reason)
+	return setState(ctx, tx, r, StateRolledBack, reason)
 }
