@@ -5,8 +5,8 @@
 // A rollout is created (API, UI, CLI, or GitOps for a configuration that
 // asks for it) in state pending. The engine is a leader job (jobs.Job);
 // each pass takes every active rollout one step in its own term-fenced
-// transaction (RunSteps, InTerm; engine.go is the part of the engine that
-// package rollouts, package upgrades, run on too):
+// transaction (RunSteps, InTerm; engine.go holds what package rollouts,
+// package upgrades, share with configuration rollouts):
 //
 //   - pending: the planner selects the agents assigned to the configuration
 //     (selector and precedence, package configs), refuses the rollout when
