@@ -47,7 +47,6 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
-	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -125,18 +124,24 @@ type Progress struct {
 	ResumedFrom int64  `json:"resumed_from"`
 }
 
-// Prefetcher is the artifact prefetch job.
+// Prefetcher is the artifact prefetch job. Its parts each do one thing:
+// plan chooses the assets to download (plan.go), fetch opens their
+// content with resume (fetch.go), claims owns the download rows of the
+// job's term (claim.go), a blobWriter per store streams the content into
+// PostgreSQL or S3 (write_pg.go, write_s3.go), download puts them together
+// for one asset and makes the verified blob servable (download.go), and
+// retention removes what is no longer needed (retain.go).
 type Prefetcher struct {
 	o   Options
 	log *slog.Logger
+	m   *metrics
 
-	mBytes    prometheus.Counter
-	mBlobs    prometheus.Counter
-	mFailures *prometheus.CounterVec
-	mCurBytes *prometheus.GaugeVec
-	mCurTotal *prometheus.GaugeVec
-	mUnlinked prometheus.Counter
-	mResumed  prometheus.Counter
+	plan   planner
+	fetch  fetcher
+	claims claims
+	pg     pgWriter
+	s3     s3Writer
+	retain retainer
 
 	mu sync.Mutex
 }
@@ -164,19 +169,24 @@ func New(o Options) *Prefetcher {
 	if o.S3PartSize < blobstore.S3MinPartSize {
 		o.S3PartSize = blobstore.S3PartSize
 	}
-	p := &Prefetcher{o: o, log: o.Log.With("component", "artifact_prefetch"),
-		mBytes:    prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_download_bytes_total", Help: "Bytes downloaded by the artifact prefetcher."}),
-		mBlobs:    prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_blobs_stored_total", Help: "Verified blobs stored by the artifact prefetcher."}),
-		mFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "myriarch_artifact_download_failures_total", Help: "Failed artifact downloads by reason."}, []string{"reason"}),
-		mCurBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_artifact_download_progress_bytes", Help: "Bytes downloaded so far of a running download."}, []string{"digest"}),
-		mCurTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_artifact_download_size_bytes", Help: "Size of a running download (-1 unknown)."}, []string{"digest"}),
-		mUnlinked: prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_blobs_removed_total", Help: "Blobs removed by the retention of the artifact prefetcher."}),
-		mResumed:  prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_artifact_downloads_resumed_total", Help: "Downloads continued from the bytes a previous attempt committed (PostgreSQL segments or S3 parts)."}),
+	log := o.Log.With("component", "artifact_prefetch")
+	m := newMetrics(o.Registerer)
+	return &Prefetcher{o: o, log: log, m: m,
+		plan:   planner{pool: o.Pool, keep: o.Keep},
+		fetch:  fetcher{client: o.Client},
+		claims: claims{lockKey: o.LockKey, replica: o.Replica, s3: o.S3, storeS3: o.StoreS3, log: log},
+		pg:     pgWriter{pool: o.Pool, segmentSize: o.SegmentSize, m: m},
+		s3:     s3Writer{s3: o.S3, pool: o.Pool, partSize: o.S3PartSize, m: m},
+		retain: retainer{pool: o.Pool, lockKey: o.LockKey, keep: o.Keep, s3: o.S3, grace: o.S3SweepGrace, log: log, m: m},
 	}
-	if o.Registerer != nil {
-		o.Registerer.MustRegister(p.mBytes, p.mBlobs, p.mFailures, p.mCurBytes, p.mCurTotal, p.mUnlinked, p.mResumed)
+}
+
+// writer is the blob writer of store kind (blobstore.KindPG, KindS3).
+func (p *Prefetcher) writer(kind string) blobWriter {
+	if kind == blobstore.KindS3 {
+		return p.s3
 	}
-	return p
+	return p.pg
 }
 
 // Job returns the leader job.
@@ -184,17 +194,12 @@ func (p *Prefetcher) Job(interval time.Duration) jobs.Job {
 	return jobs.Job{Name: "artifact_prefetch", Interval: interval, Run: p.Run}
 }
 
-type want struct {
-	releases.Asset
-	pkg, version, publicKey string
-}
-
 // Run downloads every wanted blob that is missing, then applies retention.
 // Only one Run works at a time.
 func (p *Prefetcher) Run(ctx context.Context, fence jobs.Fence) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ws, err := p.wanted(ctx)
+	ws, err := p.plan.wanted(ctx)
 	if err != nil {
 		return err
 	}
@@ -207,65 +212,10 @@ func (p *Prefetcher) Run(ctx context.Context, fence jobs.Fence) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := p.retain(ctx, fence); err != nil {
+	if err := p.retain.retain(ctx, fence); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// wanted lists the assets of the newest Keep versions of every package that
-// match a platform of the fleet and have no blob yet, newest first.
-func (p *Prefetcher) wanted(ctx context.Context) ([]want, error) {
-	rels, err := releases.ListReleases(ctx, p.o.Pool, "")
-	if err != nil {
-		return nil, err
-	}
-	srcs, err := releases.ListSources(ctx, p.o.Pool)
-	if err != nil {
-		return nil, err
-	}
-	keys := map[string]string{}
-	for _, s := range srcs {
-		keys[s.Name] = s.PublicKey
-	}
-	plat, err := p.platforms(ctx)
-	if err != nil {
-		return nil, err
-	}
-	have, err := p.haveBlobs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []want
-	seen := map[string]bool{}
-	n := map[string]int{}
-	for _, r := range rels { // newest first within a package
-		if n[r.Package] >= p.o.Keep {
-			continue
-		}
-		n[r.Package]++
-		for _, a := range r.Assets {
-			if have[a.Digest] || seen[a.Digest] {
-				continue
-			}
-			if a.OS != "" && !plat[a.OS+"/"+a.Arch] {
-				continue
-			}
-			seen[a.Digest] = true
-			out = append(out, want{Asset: a, pkg: r.Package, version: r.Version, publicKey: keys[r.Package]})
-		}
-	}
-	return out, nil
-}
-
-// platforms returns the "os/arch" pairs that the fleet's agents report.
-func (p *Prefetcher) platforms(ctx context.Context) (map[string]bool, error) {
-	ps, err := store.AgentPlatforms(ctx, p.o.Pool)
-	m := map[string]bool{}
-	for _, s := range ps {
-		m[s] = true
-	}
-	return m, err
 }
 
 // BlobStored reports whether the blob of digest is stored.
@@ -281,19 +231,6 @@ func DownloadRecorded(ctx context.Context, q store.Querier, digest string) (bool
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM artifact_downloads WHERE digest = $1)`, digest).Scan(&ok)
 	return ok, err
-}
-
-func (p *Prefetcher) haveBlobs(ctx context.Context) (map[string]bool, error) {
-	rows, err := p.o.Pool.Query(ctx, `SELECT digest FROM artifact_blobs`)
-	if err != nil {
-		return nil, err
-	}
-	ds, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	m := map[string]bool{}
-	for _, d := range ds {
-		m[d] = true
-	}
-	return m, err
 }
 
 // InUse returns the package versions that agents report as installed in

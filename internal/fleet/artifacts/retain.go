@@ -4,32 +4,48 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts/blobstore"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 )
 
-// retain removes the blobs that no longer belong to the newest Keep
+// retainer applies retention: it removes what the fleet no longer needs
+// from the blob stores, and sweeps an S3 store's garbage.
+type retainer struct {
+	pool    *pgxpool.Pool
+	lockKey int64
+	// keep is the number of newest versions per package whose blobs are kept.
+	keep int
+	// s3 is the S3 store (nil: none); grace is its sweep's (Options.S3SweepGrace).
+	s3    *blobstore.S3
+	grace time.Duration
+	log   *slog.Logger
+	m     *metrics
+}
+
+// retain removes the blobs that no longer belong to the newest keep
 // versions of a package and that no agent reports as its package hash,
 // the partial large objects of downloads that are no longer wanted, and
 // the S3 objects that no blob row names.
-func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
-	rels, err := releases.ListReleases(ctx, p.o.Pool, "")
+func (p retainer) retain(ctx context.Context, fence jobs.Fence) error {
+	rels, err := releases.ListReleases(ctx, p.pool, "")
 	if err != nil {
 		return err
 	}
-	inUse, err := InUse(ctx, p.o.Pool)
+	inUse, err := InUse(ctx, p.pool)
 	if err != nil {
 		return err
 	}
 	keep := map[string]bool{}
 	n := map[string]int{}
 	for _, r := range rels {
-		newest := n[r.Package] < p.o.Keep
+		newest := n[r.Package] < p.keep
 		n[r.Package]++
 		if !newest && !inUse[r.Package+"@"+r.Version] {
 			continue
@@ -45,12 +61,12 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 	var removed, partial int64
 	var objects []blobstore.Ref
 	var uploads []blobstore.Upload
-	err = p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, term int64) error {
+	err = inTerm(ctx, fence, p.lockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		removed, partial, objects, uploads = 0, 0, nil, nil
 		// Without an S3 store the rows of S3 blobs stay: deleting them would
 		// leave their objects behind for good.
 		rows, err := tx.Query(ctx, `DELETE FROM artifact_blobs WHERE NOT (digest = ANY($1)) AND (store <> 's3' OR $2)
-			RETURNING store, lo_oid, object_key, size`, ks, p.o.S3 != nil)
+			RETURNING store, lo_oid, object_key, size`, ks, p.s3 != nil)
 		if err != nil {
 			return err
 		}
@@ -70,7 +86,7 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 		if err != nil {
 			return err
 		}
-		pg := blobstore.PG{Pool: p.o.Pool}
+		pg := blobstore.PG{Pool: p.pool}
 		for _, b := range refs {
 			removed++
 			if b.Kind == blobstore.KindPG {
@@ -83,7 +99,7 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 			objects = append(objects, b)
 		}
 		// Partial large objects of downloads that are no longer wanted
-		// (the release was dropped, or its version left the newest Keep).
+		// (the release was dropped, or its version left the newest keep).
 		// This job's own downloads of the run are over; a row still
 		// "downloading" is of an attempt that died or lost its term, and
 		// taking the row for this term stops such a writer's next commit.
@@ -129,15 +145,15 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 		return err
 	}
 	var errs []error
-	if p.o.S3 != nil {
+	if p.s3 != nil {
 		for _, b := range objects {
-			if err := p.o.S3.Remove(ctx, nil, b); err != nil {
-				errs = append(errs, fmt.Errorf("retention: deleting %s from %s: %w", b.Key, p.o.S3, err))
+			if err := p.s3.Remove(ctx, nil, b); err != nil {
+				errs = append(errs, fmt.Errorf("retention: deleting %s from %s: %w", b.Key, p.s3, err))
 			}
 		}
 		for _, u := range uploads {
-			if err := p.o.S3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
-				errs = append(errs, fmt.Errorf("retention: aborting upload %s of %s in %s: %w", u.ID, u.Key, p.o.S3, err))
+			if err := p.s3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
+				errs = append(errs, fmt.Errorf("retention: aborting upload %s of %s in %s: %w", u.ID, u.Key, p.s3, err))
 				continue
 			}
 			partial++
@@ -147,7 +163,7 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 		}
 	}
 	if removed > 0 || partial > 0 {
-		p.mUnlinked.Add(float64(removed))
+		p.m.unlinked.Add(float64(removed))
 		p.log.Info("artifact retention removed blobs", "count", removed, "partial_downloads", partial)
 	}
 	return errors.Join(errs...)
@@ -163,7 +179,7 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 // job is in progress; but a leader may lose its term during the sweep, and
 // a newer one complete an upload it has not registered yet, or start one
 // whose first part it has not recorded: objects and uploads younger than
-// the grace (Options.S3SweepGrace, by the store's LastModified and
+// the grace (grace, Options.S3SweepGrace, by the store's LastModified and
 // Initiated) are left for a later sweep.
 //
 // It also heals the opposite: a blob row, older than the grace, whose
@@ -172,13 +188,13 @@ func (p *Prefetcher) retain(ctx context.Context, fence jobs.Fence) error {
 // again instead of serving a missing object for good. The listing is made
 // before the rows are read, so a row that old named an object that
 // existed before the listing began.
-func (p *Prefetcher) sweepS3(ctx context.Context, fence jobs.Fence) error {
-	objects, incomplete, err := p.o.S3.Objects(ctx)
+func (p retainer) sweepS3(ctx context.Context, fence jobs.Fence) error {
+	objects, incomplete, err := p.s3.Objects(ctx)
 	if err != nil {
-		return fmt.Errorf("retention: listing %s: %w", p.o.S3, err)
+		return fmt.Errorf("retention: listing %s: %w", p.s3, err)
 	}
-	rows, err := p.o.Pool.Query(ctx, `SELECT digest, object_key, stored_at < now() - make_interval(secs => $1) FROM artifact_blobs WHERE object_key IS NOT NULL`,
-		p.o.S3SweepGrace.Seconds())
+	rows, err := p.pool.Query(ctx, `SELECT digest, object_key, stored_at < now() - make_interval(secs => $1) FROM artifact_blobs WHERE object_key IS NOT NULL`,
+		p.grace.Seconds())
 	if err != nil {
 		return err
 	}
@@ -207,29 +223,29 @@ func (p *Prefetcher) sweepS3(ctx context.Context, fence jobs.Fence) error {
 		if listed[b.key] {
 			continue
 		}
-		err := p.inTerm(ctx, fence, func(ctx context.Context, tx pgx.Tx, _ int64) error {
+		err := inTerm(ctx, fence, p.lockKey, func(ctx context.Context, tx pgx.Tx, _ int64) error {
 			_, err := tx.Exec(ctx, `DELETE FROM artifact_blobs WHERE digest = $1 AND object_key = $2`, b.digest, b.key)
 			return err
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("retention: forgetting blob %s, whose object %s is missing from %s: %w", b.digest, b.key, p.o.S3, err))
+			errs = append(errs, fmt.Errorf("retention: forgetting blob %s, whose object %s is missing from %s: %w", b.digest, b.key, p.s3, err))
 			continue
 		}
-		p.log.Warn("artifact blob's S3 object is missing; forgot the blob, the next run downloads it again", "digest", b.digest, "key", b.key, "store", p.o.S3.String())
+		p.log.Warn("artifact blob's S3 object is missing; forgot the blob, the next run downloads it again", "digest", b.digest, "key", b.key, "store", p.s3.String())
 	}
-	young := func(t time.Time) bool { return time.Since(t) < p.o.S3SweepGrace }
+	young := func(t time.Time) bool { return time.Since(t) < p.grace }
 	var n int
 	for _, o := range objects {
 		if live[o.Key] || young(o.Modified) {
 			continue
 		}
-		if err := p.o.S3.Delete(ctx, o.Key); err != nil {
+		if err := p.s3.Delete(ctx, o.Key); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		n++
 	}
-	rows, err = p.o.Pool.Query(ctx, `SELECT s3_upload_id FROM artifact_downloads WHERE s3_upload_id IS NOT NULL`)
+	rows, err = p.pool.Query(ctx, `SELECT s3_upload_id FROM artifact_downloads WHERE s3_upload_id IS NOT NULL`)
 	if err != nil {
 		return err
 	}
@@ -245,13 +261,13 @@ func (p *Prefetcher) sweepS3(ctx context.Context, fence jobs.Fence) error {
 		if keep[u.ID] || young(u.Initiated) {
 			continue
 		}
-		if err := p.o.S3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
+		if err := p.s3.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, blobstore.ErrNoUpload) {
 			errs = append(errs, err)
 		}
 	}
 	if n > 0 {
-		p.mUnlinked.Add(float64(n))
-		p.log.Info("artifact retention removed S3 objects without a blob row", "count", n, "store", p.o.S3.String())
+		p.m.unlinked.Add(float64(n))
+		p.log.Info("artifact retention removed S3 objects without a blob row", "count", n, "store", p.s3.String())
 	}
 	return errors.Join(errs...)
 }

@@ -189,7 +189,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		(&rollout.Engine{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 		tracker.Job(cfg.Jobs.ReleaseTrackerInterval),
 		prefetch.Job(cfg.Jobs.ArtifactPrefetchInterval),
-		(&upgrades.Engine{Pool: d.Store.Pool, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
+		(&upgrades.Engine{Pool: d.Store.Pool, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 	}
 	var poller *gitops.Poller
 	if g := cfg.GitOps; g.RepoURL != "" {

@@ -5,7 +5,8 @@
 // A rollout is created (API, UI, CLI, or GitOps for a configuration that
 // asks for it) in state pending. The engine is a leader job (jobs.Job);
 // each pass takes every active rollout one step in its own term-fenced
-// transaction (InTerm):
+// transaction (RunSteps, InTerm; engine.go holds what package rollouts,
+// package upgrades, share with configuration rollouts):
 //
 //   - pending: the planner selects the agents assigned to the configuration
 //     (selector and precedence, package configs), refuses the rollout when
@@ -93,22 +94,6 @@ const (
 // JobName is the name of the engine's leader job.
 const JobName = "rollout_engine"
 
-// InTerm is the one function through which every write of the rollout
-// engine and of GitOps goes: fn runs in a transaction fenced by the current
-// term (jobs.Fence, pgleader's InTerm) and is given that term.
-func InTerm(ctx context.Context, fence jobs.Fence, lockKey int64, fn func(ctx context.Context, tx pgx.Tx, term int64) error) error {
-	return fence(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		rec, ok, err := pgleader.CurrentTerm(ctx, tx, lockKey)
-		if err != nil {
-			return fmt.Errorf("reading the term: %w", err)
-		}
-		if !ok {
-			return fmt.Errorf("reading the term: no term recorded for lock key %d", lockKey)
-		}
-		return fn(ctx, tx, rec.Term)
-	})
-}
-
 // Rollout is one rollout as stored.
 type Rollout struct {
 	ID           int64  `json:"id"`
@@ -167,28 +152,13 @@ func (e *Engine) Job(interval time.Duration) jobs.Job {
 }
 
 // Run takes every active rollout one step, each in its own fenced
-// transaction.
+// transaction (RunSteps), then gives new agents their configuration.
 func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
-	rows, err := e.Store.Pool.Query(ctx, `SELECT id FROM rollouts WHERE state = ANY($1) ORDER BY id`, ActiveStates)
-	if err != nil {
+	err := RunSteps(ctx, fence, e.LockKey, configTarget{e})
+	if errors.Is(err, pgleader.ErrStaleTerm) || ctx.Err() != nil {
 		return err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, id := range ids {
-		err := InTerm(ctx, fence, e.LockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
-			return e.step(ctx, tx, term, id)
-		})
-		if errors.Is(err, pgleader.ErrStaleTerm) || ctx.Err() != nil {
-			return err
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("rollout %d: %w", id, err))
-		}
-	}
+	errs := []error{err}
 	err = InTerm(ctx, fence, e.LockKey, func(ctx context.Context, tx pgx.Tx, term int64) error {
 		return e.assign(ctx, tx, term)
 	})
@@ -196,6 +166,23 @@ func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
 		errs = append(errs, fmt.Errorf("assigning current revisions: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// configTarget is the configuration-revision target of the engine.
+type configTarget struct{ e *Engine }
+
+func (configTarget) Kind() string { return "rollout" }
+
+func (t configTarget) Active(ctx context.Context) ([]int64, error) {
+	rows, err := t.e.Store.Pool.Query(ctx, `SELECT id FROM rollouts WHERE state = ANY($1) ORDER BY id`, ActiveStates)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+func (t configTarget) Step(ctx context.Context, tx pgx.Tx, term, id int64) error {
+	return t.e.step(ctx, tx, term, id)
 }
 
 // assignBatch bounds the agents given their configuration in one pass.
@@ -536,17 +523,17 @@ func (s *stepper) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if r.Spec.tooManyFailed(failed-r.FailedAck, planned) {
+		if r.Spec.TooManyFailed(failed-r.FailedAck, planned) {
 			why := fmt.Sprintf("%d of %d agents failed (max_failed %d, max_failed_percent %g)", failed-r.FailedAck, planned,
 				r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
-			switch {
-			case r.Spec.FailurePolicy == PolicyRollback && r.FromRevision > 0:
-				r.State, r.Reason = StateRollingBack, why+"; rolling back to revision "+fmt.Sprint(r.FromRevision)
+			switch r.State = r.Spec.FailureState(r.FromRevision > 0); {
+			case r.State == StateRollingBack:
+				r.Reason = why + "; rolling back to revision " + fmt.Sprint(r.FromRevision)
 				return s.rollback(ctx)
 			case r.Spec.FailurePolicy == PolicyRollback:
-				r.State, r.Reason = StatePaused, why+"; paused: no revision to roll back to"
+				r.Reason = why + "; paused: no revision to roll back to"
 			default:
-				r.State, r.Reason = StatePaused, why+"; paused (failure_policy pause)"
+				r.Reason = why + "; paused (failure_policy pause)"
 			}
 			return nil
 		}
@@ -567,7 +554,7 @@ func (s *stepper) dispatch(ctx context.Context) error {
 	if err := s.tx.QueryRow(ctx, `SELECT count(*) FROM rollout_agents WHERE rollout_id = $1 AND state = 'in_progress'`, r.ID).Scan(&inProgress); err != nil {
 		return err
 	}
-	room := r.Spec.MaxInProgress - inProgress
+	room := r.Spec.Room(inProgress)
 	for room > 0 {
 		next, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents
 			WHERE rollout_id = $1 AND wave = $2 AND state = 'pending' ORDER BY seq LIMIT $3`, r.ID, r.Wave, room)

@@ -184,16 +184,3 @@ func (s Spec) WaveSizes(n int) []int {
 	}
 	return sizes
 }
-
-// tooManyFailed applies the failure threshold: more than MaxFailed agents,
-// or more than MaxFailedPercent % of planned, failed since the last resume.
-// With only MaxFailedPercent set (MaxFailed 0), only the share counts.
-func (s Spec) tooManyFailed(failed, planned int) bool {
-	if s.MaxFailedPercent > 0 && planned > 0 && float64(failed)*100 > s.MaxFailedPercent*float64(planned) {
-		return true
-	}
-	if s.MaxFailedPercent > 0 && s.MaxFailed == 0 {
-		return false
-	}
-	return failed > s.MaxFailed
-}

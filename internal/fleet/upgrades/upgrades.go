@@ -3,7 +3,9 @@
 // wave, with the Spec of configuration rollouts (package rollout): waves,
 // max_in_progress, bake_s, apply_timeout_s, failure_policy, max_failed.
 //
-// Each step of a rollout is one term-fenced transaction. Sending an agent
+// The job is the rollout engine of package rollout (rollout.RunSteps) with
+// a package-version target: each step of a rollout is one transaction of
+// the job's own term, which the rollout row records. Sending an agent
 // the version is an offer (package artifacts: OpAMP PackagesAvailable with
 // the download URL, content hash and signature) recorded with the package
 // hash it must report. The gate reads the agents' PackageStatuses: an
@@ -23,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,27 +39,24 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// States of a package rollout and of its agents.
+// States of a package rollout (those of the rollout engine) and of its agents.
 const (
-	StatePending     = "pending"
-	StateRunning     = "running"
-	StatePaused      = "paused"
-	StateRollingBack = "rolling_back"
-	StateSucceeded   = "succeeded"
-	StateRolledBack  = "rolled_back"
-	StateAborted     = "aborted"
-	StateFailed      = "failed"
+	StatePending     = rollout.StatePending
+	StateRunning     = rollout.StateRunning
+	StatePaused      = rollout.StatePaused
+	StateRollingBack = rollout.StateRollingBack
+	StateSucceeded   = rollout.StateSucceeded
+	StateRolledBack  = rollout.StateRolledBack
+	StateAborted     = rollout.StateAborted
+	StateFailed      = rollout.StateFailed
 
-	AgentPending    = "pending"
-	AgentInProgress = "in_progress"
+	AgentPending    = rollout.AgentPending
+	AgentInProgress = rollout.AgentInProgress
 	AgentInstalled  = "installed"
-	AgentFailed     = "failed"
-	AgentSkipped    = "skipped"
+	AgentFailed     = rollout.AgentFailed
+	AgentSkipped    = rollout.AgentSkipped
 	AgentReverted   = "reverted"
 )
-
-// Operator commands.
-var commands = map[string]bool{"pause": true, "resume": true, "rollback": true, "abort": true}
 
 // Status names of opamp-go's PackageStatusEnum as the OpAMP server stores them.
 var (
@@ -80,6 +80,8 @@ type Rollout struct {
 	FinishedAt *time.Time   `json:"finished_at"`
 	// Counts are the agents per state.
 	Counts map[string]int `json:"agents"`
+	// term is the job's term of the step that works on the rollout.
+	term int64
 }
 
 // Create validates and records a rollout of version of pkg; the engine
@@ -108,11 +110,11 @@ var ErrNotFound = errors.New("not found")
 
 // Request stores an operator command for the engine.
 func Request(ctx context.Context, pool *pgxpool.Pool, id int64, cmd string) error {
-	if !commands[cmd] {
+	if !slices.Contains(rollout.Commands, cmd) {
 		return fmt.Errorf("command %q: must be pause, resume, rollback or abort", cmd)
 	}
 	tag, err := pool.Exec(ctx, `UPDATE package_rollouts SET requested = $2, updated_at = now() WHERE id = $1
-		AND state IN ('pending', 'running', 'paused', 'rolling_back')`, id, cmd)
+		AND state = ANY($3)`, id, cmd, rollout.ActiveStates)
 	if err == nil && tag.RowsAffected() == 0 {
 		return fmt.Errorf("%w: no active package rollout %d", ErrNotFound, id)
 	}
@@ -138,10 +140,14 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Rollout, error) {
 	})
 }
 
-// Engine is the leader job.
+// Engine is the leader job: the rollout engine (rollout.RunSteps) with the
+// package-version target.
 type Engine struct {
 	Pool *pgxpool.Pool
-	Log  *slog.Logger
+	// LockKey is ha.leaderLockKey (the term row of the fence; 0 is
+	// pgleader's default).
+	LockKey int64
+	Log     *slog.Logger
 }
 
 // Job returns the leader job.
@@ -149,24 +155,27 @@ func (e *Engine) Job(interval time.Duration) jobs.Job {
 	return jobs.Job{Name: "package_rollouts", Interval: interval, Run: e.Run}
 }
 
-// Run takes every active rollout one step, each in its own fenced
-// transaction.
+// Run takes every active rollout one step, each in its own transaction of
+// the job's term (rollout.RunSteps).
 func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
-	rows, err := e.Pool.Query(ctx, `SELECT id FROM package_rollouts WHERE state IN ('pending', 'running', 'paused', 'rolling_back') ORDER BY id`)
+	return rollout.RunSteps(ctx, fence, e.LockKey, packageTarget{e})
+}
+
+// packageTarget is the package-version target of the rollout engine.
+type packageTarget struct{ e *Engine }
+
+func (packageTarget) Kind() string { return "package rollout" }
+
+func (t packageTarget) Active(ctx context.Context) ([]int64, error) {
+	rows, err := t.e.Pool.Query(ctx, `SELECT id FROM package_rollouts WHERE state = ANY($1) ORDER BY id`, rollout.ActiveStates)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, id := range ids {
-		if err := fence(ctx, func(ctx context.Context, tx pgx.Tx) error { return e.step(ctx, tx, id) }); err != nil {
-			errs = append(errs, fmt.Errorf("package rollout %d: %w", id, err))
-		}
-	}
-	return errors.Join(errs...)
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+func (t packageTarget) Step(ctx context.Context, tx pgx.Tx, term, id int64) error {
+	return t.e.step(ctx, tx, term, id)
 }
 
 func (e *Engine) log() *slog.Logger {
@@ -176,13 +185,14 @@ func (e *Engine) log() *slog.Logger {
 	return e.Log
 }
 
-func setState(ctx context.Context, tx pgx.Tx, id int64, state, reason string) error {
-	_, err := tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = '', updated_at = now(),
-		finished_at = CASE WHEN $2 IN ('succeeded', 'rolled_back', 'aborted', 'failed') THEN now() END WHERE id = $1`, id, state, reason)
+// setState records the state of rollout r, written in the term of its step.
+func setState(ctx context.Context, tx pgx.Tx, r Rollout, state, reason string) error {
+	_, err := tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = '', updated_at = now(), term = $4,
+		finished_at = CASE WHEN $2 IN ('succeeded', 'rolled_back', 'aborted', 'failed') THEN now() END WHERE id = $1`, r.ID, state, reason, r.term)
 	return err
 }
 
-func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
+func (e *Engine) step(ctx context.Context, tx pgx.Tx, term, id int64) error {
 	var r Rollout
 	var sj []byte
 	if err := tx.QueryRow(ctx, `SELECT package, version, spec, state, wave, waves, requested FROM package_rollouts WHERE id = $1 FOR UPDATE`, id).
@@ -192,20 +202,20 @@ func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
 	if err := json.Unmarshal(sj, &r.Spec); err != nil {
 		return err
 	}
-	r.ID = id
+	r.ID, r.term = id, term
 	switch r.Requested {
-	case "abort":
-		return setState(ctx, tx, id, StateAborted, "aborted by the operator")
-	case "rollback":
+	case rollout.CmdAbort:
+		return setState(ctx, tx, r, StateAborted, "aborted by the operator")
+	case rollout.CmdRollback:
 		r.State = StateRollingBack
-		if err := setState(ctx, tx, id, StateRollingBack, "rollback requested by the operator"); err != nil {
+		if err := setState(ctx, tx, r, StateRollingBack, "rollback requested by the operator"); err != nil {
 			return err
 		}
-	case "pause":
+	case rollout.CmdPause:
 		if r.State == StateRunning {
-			return setState(ctx, tx, id, StatePaused, "paused by the operator")
+			return setState(ctx, tx, r, StatePaused, "paused by the operator")
 		}
-	case "resume":
+	case rollout.CmdResume:
 		if r.State == StatePaused {
 			// Failures so far are forgiven: they count from the resume.
 			if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'skipped', error = 'failed before the resume: ' || error
@@ -213,7 +223,7 @@ func (e *Engine) step(ctx context.Context, tx pgx.Tx, id int64) error {
 				return err
 			}
 			r.State = StateRunning
-			if err := setState(ctx, tx, id, StateRunning, ""); err != nil {
+			if err := setState(ctx, tx, r, StateRunning, ""); err != nil {
 				return err
 			}
 		}
@@ -236,7 +246,7 @@ func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		return err
 	}
 	if len(ags) == 0 {
-		return setState(ctx, tx, r.ID, StateFailed, "no agent that accepts packages matches the selector")
+		return setState(ctx, tx, r, StateFailed, "no agent that accepts packages matches the selector")
 	}
 	sizes := r.Spec.WaveSizes(len(ags))
 	i := 0
@@ -250,7 +260,7 @@ func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		}
 	}
 	e.log().Info("package rollout planned", "rollout", r.ID, "package", r.Package, "version", r.Version, "agents", len(ags), "waves", len(sizes))
-	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET state = 'running', wave = 0, waves = $2, updated_at = now() WHERE id = $1`, r.ID, len(sizes))
+	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET state = 'running', wave = 0, waves = $2, updated_at = now(), term = $3 WHERE id = $1`, r.ID, len(sizes), r.term)
 	return err
 }
 
@@ -327,7 +337,7 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, "install failed: "+a.reportError); err != nil {
 					return err
 				}
-			case a.sentAt != nil && now.Sub(*a.sentAt) > r.Spec.ApplyTimeout():
+			case r.Spec.TimedOut(a.sentAt, now):
 				a.state = AgentFailed
 				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, fmt.Sprintf("no installed report within apply_timeout_s %.0f", r.Spec.ApplyTimeoutS)); err != nil {
 					return err
@@ -348,13 +358,11 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 			inProgress++
 		}
 	}
-	if tooManyFailed(r.Spec, failed, len(ags)) {
+	if r.Spec.TooManyFailed(failed, len(ags)) {
 		reason := fmt.Sprintf("%d agents failed (max_failed %d, max_failed_percent %g)", failed, r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
 		e.log().Warn("package rollout failed its gate", "rollout", r.ID, "reason", reason, "policy", r.Spec.FailurePolicy)
-		if r.Spec.FailurePolicy == rollout.PolicyRollback {
-			return setState(ctx, tx, r.ID, StateRollingBack, reason)
-		}
-		return setState(ctx, tx, r.ID, StatePaused, reason)
+		// Every agent has a version to go back to (or its offer is withdrawn).
+		return setState(ctx, tx, r, r.Spec.FailureState(true), reason)
 	}
 	// Send the pending agents of the current wave.
 	open, baked := false, true
@@ -365,7 +373,7 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		switch a.state {
 		case AgentPending:
 			open = true
-			if inProgress >= r.Spec.MaxInProgress {
+			if r.Spec.Room(inProgress) <= 0 {
 				continue
 			}
 			if !a.online {
@@ -392,7 +400,7 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		case AgentInProgress:
 			open = true
 		case AgentInstalled:
-			if a.installedAt == nil || now.Sub(*a.installedAt) < r.Spec.Bake() {
+			if !r.Spec.Baked(a.installedAt, now) {
 				baked = false
 			}
 		}
@@ -403,13 +411,13 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 	next := r.Wave + 1
 	if next >= r.Waves {
 		e.log().Info("package rollout succeeded", "rollout", r.ID, "package", r.Package, "version", r.Version)
-		if _, err := tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2 WHERE id = $1`, r.ID, next); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, term = $3 WHERE id = $1`, r.ID, next, r.term); err != nil {
 			return err
 		}
-		return setState(ctx, tx, r.ID, StateSucceeded, "")
+		return setState(ctx, tx, r, StateSucceeded, "")
 	}
 	e.log().Info("package rollout gate passed", "rollout", r.ID, "wave", r.Wave, "next", next)
-	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, updated_at = now() WHERE id = $1`, r.ID, next)
+	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, updated_at = now(), term = $3 WHERE id = $1`, r.ID, next, r.term)
 	return err
 }
 
@@ -446,18 +454,5 @@ func (e *Engine) rollBack(ctx context.Context, tx pgx.Tx, r Rollout) error {
 	if err := tx.QueryRow(ctx, `SELECT reason FROM package_rollouts WHERE id = $1`, r.ID).Scan(&reason); err != nil {
 		return err
 	}
-	return setState(ctx, tx, r.ID, StateRolledBack, reason)
-}
-
-// tooManyFailed is the failure threshold of configuration rollouts: more
-// than MaxFailed agents, or more than MaxFailedPercent % of the planned
-// ones; with only MaxFailedPercent set, only the share counts.
-func tooManyFailed(s rollout.Spec, failed, planned int) bool {
-	if s.MaxFailedPercent > 0 && planned > 0 && float64(failed)*100 > s.MaxFailedPercent*float64(planned) {
-		return true
-	}
-	if s.MaxFailedPercent > 0 && s.MaxFailed == 0 {
-		return false
-	}
-	return failed > s.MaxFailed
+	return setState(ctx, tx, r, StateRolledBack, reason)
 }

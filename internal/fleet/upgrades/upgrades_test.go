@@ -107,6 +107,11 @@ func TestEngineStepsWavesPauseResumeAndAbort(t *testing.T) {
 	if s, _, _ := rolloutState(t, p, ro.ID); s != upgrades.StateRunning || len(agents(t, p, ro.ID)) != 3 {
 		t.Fatalf("planned: %s %+v (the agent without AcceptsPackages is left out)", s, agents(t, p, ro.ID))
 	}
+	// The step wrote in the job's term, and says so (rollout.RunSteps).
+	var term int64
+	if err := p.QueryRow(ctx, `SELECT term FROM package_rollouts WHERE id = $1`, ro.ID).Scan(&term); err != nil || term != el.Term() {
+		t.Fatalf("term of the planned rollout: %d (%v), the job's is %d", term, err, el.Term())
+	}
 	step() // wave 0: the canary a1
 	ag := agents(t, p, ro.ID)
 	if ag["a1"].state != upgrades.AgentInProgress || ag["a1"].hash == "" || ag["a2"].state != upgrades.AgentPending {
