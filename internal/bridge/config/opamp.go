@@ -32,7 +32,7 @@ func (v *validator) opamp(o *OpAMP) *OpAMPSettings {
 	if o == nil {
 		return nil
 	}
-	s := &OpAMPSettings{ServerURL: o.ServerURL}
+	s := &OpAMPSettings{}
 	v.resolve("opamp", &opampTable, o, s)
 	u, err := url.Parse(o.ServerURL)
 	switch {

@@ -64,7 +64,7 @@ type Row struct {
 	// Table is the schema of a mapping, or of each mapping of a list.
 	Table *Table
 	// To is where the resolved value goes in the Go value that the table
-	// resolves into (to, with, opt, orWritten); nil for a key that the
+	// resolves into (to, with, opt, orWritten, verbatim); nil for a key that the
 	// code copies from the raw object as written, or that only its rule
 	// concerns.
 	To *dest
@@ -282,15 +282,16 @@ type dest struct {
 	obj reflect.Type // *D, the destination of the table
 	val reflect.Type // the Go type of the value
 	// put stores the value: val is the resolved value (the default where
-	// omitted or refused), raw the value as written (nil when omitted),
-	// accepted whether it was written and passed its rule.
-	put func(obj, val, raw any, accepted bool)
+	// omitted or refused), raw the value in the raw object (nil when an
+	// enclosing mapping is absent), written whether the file has it (see
+	// rawValue), accepted whether it was written and passed its rule.
+	put func(obj, val, raw any, written, accepted bool)
 }
 
 // to stores the resolved value (the default where omitted or refused) in
 // the field that field returns.
 func to[D, T any](field func(*D) *T) *dest {
-	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _ bool) {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _, _ bool) {
 		x, _ := v.(T)
 		*field(o.(*D)) = x
 	}}
@@ -299,7 +300,7 @@ func to[D, T any](field func(*D) *T) *dest {
 // with passes the resolved value to set, for a field whose Go type is not
 // the value's own (a QoS byte, a parsed mode).
 func with[D, T any](set func(*D, T)) *dest {
-	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _ bool) {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _, _ bool) {
 		x, _ := v.(T)
 		set(o.(*D), x)
 	}}
@@ -309,7 +310,7 @@ func with[D, T any](set func(*D, T)) *dest {
 // and accepted, and leaves it nil otherwise: for a key whose default the
 // code applies (its row has a DefaultDoc).
 func opt[D, T any](field func(*D) **T) *dest {
-	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, accepted bool) {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _, accepted bool) {
 		if x, ok := v.(T); ok && accepted {
 			*field(o.(*D)) = &x
 		}
@@ -319,11 +320,21 @@ func opt[D, T any](field func(*D) **T) *dest {
 // orWritten is to, except that a refused value is stored as written: none
 // of the rules that depend on the key apply to it.
 func orWritten[D, T any](field func(*D) *T) *dest {
-	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, raw any, accepted bool) {
-		if raw != nil && !accepted {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, raw any, written, accepted bool) {
+		if written && !accepted {
 			v = raw
 		}
 		x, _ := v.(T)
+		*field(o.(*D)) = x
+	}}
+}
+
+// verbatim stores the value as the raw object has it, blank or refused:
+// for a key that the code takes as written (an id, a URL, a list of
+// names) and whose rule only reports.
+func verbatim[D, T any](field func(*D) *T) *dest {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, _, raw any, _, _ bool) {
+		x, _ := raw.(T)
 		*field(o.(*D)) = x
 	}}
 }
@@ -427,7 +438,7 @@ func (v *validator) resolve(prefix string, t *Table, obj, dst any) values {
 				v.add(path, nil, "%s", r.Rule.Required)
 				vs.bad[i] = true
 			}
-			r.store(dst, def, nil, false)
+			r.store(dst, def, raw, false, false)
 			continue
 		}
 		val, rule := r.check(raw)
@@ -445,20 +456,20 @@ func (v *validator) resolve(prefix string, t *Table, obj, dst any) values {
 			val = def
 		}
 		vs.val[i] = val
-		r.store(dst, val, raw, !vs.bad[i])
+		r.store(dst, val, raw, true, !vs.bad[i])
 	}
 	return vs
 }
 
 // store puts a value at the row's destination in dst.
-func (r *Row) store(dst, val, raw any, accepted bool) {
+func (r *Row) store(dst, val, raw any, written, accepted bool) {
 	if r.To == nil {
 		return
 	}
 	if dst == nil || reflect.TypeOf(dst) != r.To.obj {
 		panic(fmt.Sprintf("config: row %q stores into %v, resolved into %T", r.Key, r.To.obj, dst))
 	}
-	r.To.put(dst, val, raw, accepted)
+	r.To.put(dst, val, raw, written, accepted)
 }
 
 // defaultValue is Default parsed as the row's kind.

@@ -48,7 +48,7 @@ var leaseStoreTable = Table{Name: "stores.lease", Rows: []Row{
 	{Key: "dsn", Kind: String, Meaning: "postgres only: the PostgreSQL connection string (required, or `dsn_file`)"},
 	{Key: "dsn_file", Kind: String, Meaning: "postgres only: a file holding the connection string, instead of `dsn`"},
 	{Key: "endpoints", Kind: Strings, Meaning: "etcd only: the etcd endpoints (at least one)"},
-	{Key: "prefix", Kind: String, Meaning: "etcd and postgres: the key prefix of the leases"},
+	{Key: "prefix", To: verbatim(func(s *LeaseStoreSettings) *string { return &s.Prefix }), Kind: String, Meaning: "etcd and postgres: the key prefix of the leases"},
 }}
 
 var tlsTable = Table{Name: "tls", Rows: []Row{
@@ -62,14 +62,14 @@ var tlsTable = Table{Name: "tls", Rows: []Row{
 var protocolVersionRule = Rule{OneOf: []string{MQTT5, MQTT311}, Says: "must be 5 or 3.1.1 (the MQTT version to speak to the broker)"}
 
 var sessionTable = Table{Name: "sessions[]", Rows: []Row{
-	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "session name"},
+	{Key: "id", To: verbatim(func(s *sessionIn) *string { return &s.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "session name"},
 	{Key: "transport", Kind: String, Default: "mqtt", Rule: Rule{OneOf: []string{"mqtt"}}, Meaning: "only MQTT (Eclipse Paho)"},
 	{Key: "protocol_version", To: to(func(s *sessionIn) *string { return &s.ProtocolVersion }), Kind: String, Default: MQTT5, Rule: protocolVersionRule,
 		Meaning: "the MQTT version spoken to the broker (see \"MQTT features\" for what 3.1.1 cannot carry)"},
 	{Key: "session_mode", To: to(func(s *sessionIn) *string { return &s.Mode }), Kind: String, Default: Ephemeral, Rule: Rule{OneOf: []string{Ephemeral, Persistent, Exclusive}},
 		Meaning: "`ephemeral` (clean session), `persistent` (resumed broker session), `exclusive` (persistent, served by one lease holder at a time)"},
-	{Key: "brokers", Kind: Strings, Rule: Rule{Required: "at least one broker URL is required", Format: "mqtt-url"}, Meaning: "tried in turn"},
-	{Key: "client_id", Kind: String, DefaultDoc: "`<bridge id>-<session id>`; required when exclusive",
+	{Key: "brokers", To: verbatim(func(s *sessionIn) *[]string { return &s.Brokers }), Kind: Strings, Rule: Rule{Required: "at least one broker URL is required", Format: "mqtt-url"}, Meaning: "tried in turn"},
+	{Key: "client_id", To: verbatim(func(s *sessionIn) *string { return &s.ClientID }), Kind: String, DefaultDoc: "`<bridge id>-<session id>`; required when exclusive",
 		Meaning: "at most 184 bytes; an exclusive session uses the same client_id on every instance, so the successor resumes the broker session and receives what queued"},
 	{Key: "client_id_suffix", Kind: String, Rule: Rule{OneOf: []string{"instance"}, Says: `must be "instance" or omitted`},
 		Meaning: "`instance` appends `-<instance_id>`; refused for exclusive sessions, required for non-exclusive sessions in clustered mode"},
@@ -80,7 +80,7 @@ var sessionTable = Table{Name: "sessions[]", Rows: []Row{
 	{Key: "keep_alive", To: to(func(s *sessionIn) *time.Duration { return &s.KeepAlive }), Kind: Duration, Default: godur.Format(DefaultKeepAlive),
 		Rule:    Rule{Min: minKeepAlive.String(), Max: maxKeepAlive.String(), Whole: true, ZeroOK: true, Says: "must be whole seconds between 1s and 65535s, or 0s to disable"},
 		Meaning: "MQTT keep-alive; also how fast a dead broker path is noticed"},
-	{Key: "username", Kind: String, Meaning: "MQTT user name"},
+	{Key: "username", To: verbatim(func(s *sessionIn) *string { return &s.Username }), Kind: String, Meaning: "MQTT user name"},
 	{Key: "password_file", Kind: String, Meaning: "file holding the MQTT password (not with `password_env`)"},
 	{Key: "password_env", Kind: String, Meaning: "environment variable holding the MQTT password (not with `password_file`)"},
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS, see `tls:`"},
@@ -98,13 +98,13 @@ var sessionTable = Table{Name: "sessions[]", Rows: []Row{
 }}
 
 var receiverTable = Table{Name: "receivers[]", Rows: []Row{
-	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "receiver name"},
-	{Key: "session", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "the session it subscribes on"},
+	{Key: "id", To: verbatim(func(r *ReceiverSettings) *string { return &r.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "receiver name"},
+	{Key: "session", To: verbatim(func(r *ReceiverSettings) *string { return &r.Session }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "the session it subscribes on"},
 	{Key: "topics", Kind: Objects, Table: &topicTable, Rule: Rule{Required: "at least one topic filter is required"}, Meaning: "the subscriptions, see `topics:`"},
 }}
 
 var topicTable = Table{Name: "topics[]", Rows: []Row{
-	{Key: "filter", Kind: String, Rule: Rule{Required: "must not be empty", Format: "filter"},
+	{Key: "filter", To: verbatim(func(t *TopicSettings) *string { return &t.Filter }), Kind: String, Rule: Rule{Required: "must not be empty", Format: "filter"},
 		Meaning: "in clustered mode a filter on a non-exclusive session must be `$share/`, or every instance would receive and deliver every message"},
 	{Key: "qos", To: with(func(t *TopicSettings, q int) { t.QoS = byte(q) }), Kind: Int, Default: "1", Rule: Rule{OneOf: []string{"0", "1", "2"}}, Meaning: "the subscription's QoS"},
 }}
@@ -113,8 +113,8 @@ var topicTable = Table{Name: "topics[]", Rows: []Row{
 var senderTypes = []*Table{&mqttSenderTable, &httpSenderTable, &natsSenderTable, &kafkaSenderTable, &fileSenderTable}
 
 var senderTable = Table{Name: "senders[]", Rows: []Row{
-	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "sender name"},
-	{Key: "type", Kind: String, Rule: Rule{Required: "must be mqtt, http, nats, kafka or file", OneOf: []string{senderMQTT, senderHTTP, senderNATS, senderKafka, senderFile}},
+	{Key: "id", To: verbatim(func(s *SenderSettings) *string { return &s.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "sender name"},
+	{Key: "type", To: verbatim(func(s *SenderSettings) *string { return &s.Type }), Kind: String, Rule: Rule{Required: "must be mqtt, http, nats, kafka or file", OneOf: []string{senderMQTT, senderHTTP, senderNATS, senderKafka, senderFile}},
 		Meaning: "the destination; the block of the same name holds its settings"},
 	{Key: "retry.max_attempts", To: to(func(s *SenderSettings) *int { return &s.MaxAttempts }), Kind: Int, Default: strconv.Itoa(DefaultRetryAttempts), Rule: Rule{Min: "1"}, Meaning: "deliveries tried before the message is dead-lettered"},
 	{Key: "retry.initial_backoff", To: to(func(s *SenderSettings) *time.Duration { return &s.InitialBackoff }), Kind: Duration, Default: godur.Format(DefaultInitialBackoff), Rule: Rule{Positive: true}, Meaning: "wait before the first retry; doubled each time"},
@@ -134,9 +134,9 @@ func timeoutRow[D any](r Rule, field func(*D) *time.Duration) Row {
 }
 
 var mqttSenderTable = Table{Name: "mqtt", SenderType: senderMQTT, Rows: []Row{
-	{Key: "broker", Kind: String, Rule: Rule{Required: "is required", Format: "mqtt-url"}, Meaning: "the broker it publishes to"},
-	{Key: "client_id", Kind: String, DefaultDoc: "`<bridge id>-<sender id>`", Meaning: "`-<instance_id>` is appended"},
-	{Key: "username", Kind: String, Meaning: "MQTT user name"},
+	{Key: "broker", To: verbatim(func(s *MQTTSenderSettings) *string { return &s.Broker }), Kind: String, Rule: Rule{Required: "is required", Format: "mqtt-url"}, Meaning: "the broker it publishes to"},
+	{Key: "client_id", To: verbatim(func(s *MQTTSenderSettings) *string { return &s.ClientID }), Kind: String, DefaultDoc: "`<bridge id>-<sender id>`", Meaning: "`-<instance_id>` is appended"},
+	{Key: "username", To: verbatim(func(s *MQTTSenderSettings) *string { return &s.Username }), Kind: String, Meaning: "MQTT user name"},
 	{Key: "password_file", Kind: String, Meaning: "file holding the MQTT password (not with `password_env`)"},
 	{Key: "password_env", Kind: String, Meaning: "environment variable holding the MQTT password (not with `password_file`)"},
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS, see `tls:`"},
@@ -148,39 +148,39 @@ var mqttSenderTable = Table{Name: "mqtt", SenderType: senderMQTT, Rows: []Row{
 }}
 
 var httpSenderTable = Table{Name: "http", SenderType: senderHTTP, Rows: []Row{
-	{Key: "url", Kind: String, Rule: Rule{Required: "must be an http:// or https:// URL", Format: "http-url"}, Meaning: "each message is POSTed here; accepted on a 2xx answer; the topic is in `X-Myriarch-Topic`"},
-	{Key: "headers", Kind: StringMap, Meaning: "headers added to each POST"},
+	{Key: "url", To: verbatim(func(s *HTTPSenderSettings) *string { return &s.URL }), Kind: String, Rule: Rule{Required: "must be an http:// or https:// URL", Format: "http-url"}, Meaning: "each message is POSTed here; accepted on a 2xx answer; the topic is in `X-Myriarch-Topic`"},
+	{Key: "headers", To: verbatim(func(s *HTTPSenderSettings) *map[string]string { return &s.Headers }), Kind: StringMap, Meaning: "headers added to each POST"},
 	timeoutRow(Rule{}, func(s *HTTPSenderSettings) *time.Duration { return &s.Timeout }),
 }}
 
 var natsSenderTable = Table{Name: "nats", SenderType: senderNATS, Rows: []Row{
-	{Key: "url", Kind: String, Rule: Rule{Required: "must be a nats:// or tls:// URL", Format: "nats-url"}, Meaning: "the NATS server; accepted on a flush round trip after the batch"},
-	{Key: "subject_prefix", Kind: String, Meaning: "prepended to the subject (`/` in topics becomes `.`)"},
+	{Key: "url", To: verbatim(func(s *NATSSenderSettings) *string { return &s.URL }), Kind: String, Rule: Rule{Required: "must be a nats:// or tls:// URL", Format: "nats-url"}, Meaning: "the NATS server; accepted on a flush round trip after the batch"},
+	{Key: "subject_prefix", To: verbatim(func(s *NATSSenderSettings) *string { return &s.SubjectPrefix }), Kind: String, Meaning: "prepended to the subject (`/` in topics becomes `.`)"},
 	timeoutRow(Rule{}, func(s *NATSSenderSettings) *time.Duration { return &s.Timeout }),
 }}
 
 var kafkaSenderTable = Table{Name: "kafka", SenderType: senderKafka, Rows: []Row{
-	{Key: "brokers", Kind: Strings, Rule: Rule{Required: "at least one host:port is required"}, Meaning: "seed brokers, `host:port`"},
-	{Key: "topic", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "the Kafka topic; the MQTT topic is the record key"},
+	{Key: "brokers", To: verbatim(func(s *KafkaSenderSettings) *[]string { return &s.Brokers }), Kind: Strings, Rule: Rule{Required: "at least one host:port is required"}, Meaning: "seed brokers, `host:port`"},
+	{Key: "topic", To: verbatim(func(s *KafkaSenderSettings) *string { return &s.Topic }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "the Kafka topic; the MQTT topic is the record key"},
 	timeoutRow(Rule{Min: "1s", Says: "must be at least 1s (the Kafka client's minimum record delivery timeout)"},
 		func(s *KafkaSenderSettings) *time.Duration { return &s.Timeout }),
 }}
 
 var fileSenderTable = Table{Name: "file", SenderType: senderFile, Rows: []Row{
-	{Key: "path", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "JSON lines are appended here"},
+	{Key: "path", To: verbatim(func(s *FileSenderSettings) *string { return &s.Path }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "JSON lines are appended here"},
 }}
 
 var routeTable = Table{Name: "routes[]", Rows: []Row{
-	{Key: "id", Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "route name"},
-	{Key: "receiver", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "where messages come from"},
-	{Key: "senders", Kind: Strings, Rule: Rule{Required: "at least one sender is required"}, Meaning: "where they go; a message is acknowledged when every sender accepted it"},
-	{Key: "rewrite.strip_prefix", Kind: String, Meaning: "removed from the start of the topic"},
-	{Key: "rewrite.add_prefix", Kind: String, Rule: Rule{Format: "topic-prefix"}, Meaning: "put before the topic (after strip_prefix)"},
+	{Key: "id", To: verbatim(func(r *routeIn) *string { return &r.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "route name"},
+	{Key: "receiver", To: verbatim(func(r *routeIn) *string { return &r.Receiver }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "where messages come from"},
+	{Key: "senders", To: verbatim(func(r *routeIn) *[]string { return &r.Senders }), Kind: Strings, Rule: Rule{Required: "at least one sender is required"}, Meaning: "where they go; a message is acknowledged when every sender accepted it"},
+	{Key: "rewrite.strip_prefix", To: verbatim(func(r *routeIn) *string { return &r.StripPrefix }), Kind: String, Meaning: "removed from the start of the topic"},
+	{Key: "rewrite.add_prefix", To: verbatim(func(r *routeIn) *string { return &r.AddPrefix }), Kind: String, Rule: Rule{Format: "topic-prefix"}, Meaning: "put before the topic (after strip_prefix)"},
 	{Key: "mappings", Kind: Objects, Table: &mappingTable,
 		Meaning: "instead of `rewrite`, like mosquitto's bridge `topic` lines: the route takes only messages on `source_prefix` + a topic matching `pattern`, and the first mapping that matches delivers them as `destination_prefix` + that topic (see \"MQTT features\")"},
 	{Key: "retain", To: to(func(r *routeIn) *string { return &r.Retain }), Kind: String, Default: "keep", Rule: Rule{OneOf: []string{"keep", "clear", "drop"}},
 		Meaning: "messages with the retain flag: `keep` forwards them retained, `clear` forwards them without the flag (the destination stores nothing), `drop` acknowledges them without forwarding (see \"MQTT features\")"},
-	{Key: "loop_peer", Kind: String,
+	{Key: "loop_peer", To: verbatim(func(r *routeIn) *string { return &r.LoopPeer }), Kind: String,
 		Meaning: "the route of the opposite direction between the same two brokers; the two must name each other and deliver only to MQTT 5 `mqtt` senders; each stamps what it publishes and drops what its peer published, so that the pair does not echo (see \"MQTT features\")"},
 	{Key: "max_in_flight", To: to(func(r *routeIn) *int { return &r.MaxInFlight }), Kind: Int, Default: strconv.Itoa(DefaultMaxInFlight), Rule: Rule{Min: "1", Max: strconv.Itoa(1 << 20)},
 		Meaning: "messages the route holds; a full route stops intake (backpressure)"},
@@ -207,7 +207,7 @@ var mappingTable = Table{Name: "mappings[]", Rows: []Row{
 }}
 
 var opampTable = Table{Name: "opamp", Rows: []Row{
-	{Key: "server_url", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "myriarchd's OpAMP endpoint: `ws://`, `wss://`, `http://` or `https://`, without credentials"},
+	{Key: "server_url", To: verbatim(func(s *OpAMPSettings) *string { return &s.ServerURL }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "myriarchd's OpAMP endpoint: `ws://`, `wss://`, `http://` or `https://`, without credentials"},
 	{Key: "enrollment_secret_file", Kind: String, Meaning: "file holding the enrollment secret (or `enrollment_secret_env`; one is required)"},
 	{Key: "enrollment_secret_env", Kind: String, Meaning: "environment variable holding the enrollment secret"},
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "for `wss://` and `https://`, see `tls:`"},

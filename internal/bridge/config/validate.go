@@ -202,7 +202,6 @@ func (v *validator) store(f *File, cfg *Config) {
 	l := f.Stores.Lease
 	s := &cfg.LeaseStore
 	v.resolve("stores.lease", &leaseStoreTable, &l, s) // a refused type stays as written: none of the types' rules apply
-	s.Prefix = l.Prefix
 	switch s.Type {
 	case leaseStoreSQLite:
 		s.Path = l.Path
@@ -245,7 +244,6 @@ func given(s string) bool { return strings.TrimSpace(s) != "" }
 func (v *validator) sessions(f *File, cfg *Config) {
 	cfg.Sessions = objects(v, "sessions", f.Sessions, &sessionTable, func(p string, r *Session, in *sessionIn, _ values) SessionSettings {
 		s := in.SessionSettings
-		s.ID, s.Brokers, s.ClientID = r.ID, r.Brokers, r.ClientID
 		v311 := s.ProtocolVersion == MQTT311
 		switch r.ClientIDSuffix {
 		case "instance":
@@ -289,7 +287,6 @@ func (v *validator) sessions(f *File, cfg *Config) {
 				v.add(p+".session_expiry_interval", r.SessionExpiryInterval, "must be positive for a %s session, or the broker drops the session on disconnect", s.Mode)
 			}
 		}
-		s.Username = r.Username
 		s.Password = v.secret(p+".password", r.PasswordFile, r.PasswordEnv)
 		s.TLS = v.tls(p+".tls", r.TLS)
 		if act, err := activation.MQTT(s.ConnectTimeout, s.ReconcileTimeout, s.UnmatchedGrace); err != nil {
@@ -335,15 +332,15 @@ func validFilter(f string) string {
 }
 
 func (v *validator) receivers(f *File, cfg *Config) {
-	cfg.Receivers = objects(v, "receivers", f.Receivers, &receiverTable, func(p string, r *Receiver, _ *struct{}, _ values) ReceiverSettings {
-		rs := ReceiverSettings{ID: r.ID, Session: r.Session}
+	cfg.Receivers = objects(v, "receivers", f.Receivers, &receiverTable, func(p string, r *Receiver, in *ReceiverSettings, _ values) ReceiverSettings {
+		rs := *in
 		sess := cfg.Session(r.Session)
 		if r.Session != "" && sess == nil {
 			v.add(p+".session", r.Session, "names no session")
 		}
 		for j, t := range r.Topics {
 			tp := fmt.Sprintf("%s.topics[%d]", p, j)
-			ts := TopicSettings{Filter: t.Filter}
+			var ts TopicSettings
 			v.resolve(tp, &topicTable, &t, &ts)
 			if sess != nil && cfg.Bridge.DeploymentMode == leasemode.Clustered && sess.Mode != Exclusive && !strings.HasPrefix(t.Filter, "$share/") {
 				v.add(tp+".filter", t.Filter, "in clustered mode a receiver needs a $share/<group>/ filter or an exclusive session, or every instance receives every message")
@@ -357,7 +354,6 @@ func (v *validator) receivers(f *File, cfg *Config) {
 func (v *validator) senders(f *File, cfg *Config) {
 	cfg.Senders = objects(v, "senders", f.Senders, &senderTable, func(p string, r *Sender, in *SenderSettings, vs values) SenderSettings {
 		s := *in
-		s.ID, s.Type = r.ID, r.Type
 		if s.MaxBackoff < s.InitialBackoff {
 			v.add(p+".retry.max_backoff", r.Retry.MaxBackoff, "must not be below initial_backoff (%v)", s.InitialBackoff)
 		}
@@ -380,7 +376,7 @@ func (v *validator) senders(f *File, cfg *Config) {
 		switch {
 		case r.Type == senderMQTT && r.MQTT != nil:
 			m := r.MQTT
-			ms := &MQTTSenderSettings{Broker: m.Broker, ClientID: m.ClientID, Username: m.Username}
+			ms := &MQTTSenderSettings{}
 			v.resolve(bp, &mqttSenderTable, m, ms)
 			ms.Password = v.secret(bp+".password", m.PasswordFile, m.PasswordEnv)
 			ms.TLS = v.tls(bp+".tls", m.TLS)
@@ -389,17 +385,17 @@ func (v *validator) senders(f *File, cfg *Config) {
 			}
 			s.MQTT = ms
 		case r.Type == senderHTTP && r.HTTP != nil:
-			s.HTTP = &HTTPSenderSettings{URL: r.HTTP.URL, Headers: r.HTTP.Headers}
+			s.HTTP = &HTTPSenderSettings{}
 			v.resolve(bp, &httpSenderTable, r.HTTP, s.HTTP)
 		case r.Type == senderNATS && r.NATS != nil:
-			s.NATS = &NATSSenderSettings{URL: r.NATS.URL, SubjectPrefix: r.NATS.SubjectPrefix}
+			s.NATS = &NATSSenderSettings{}
 			v.resolve(bp, &natsSenderTable, r.NATS, s.NATS)
 		case r.Type == senderKafka && r.Kafka != nil:
-			s.Kafka = &KafkaSenderSettings{Brokers: r.Kafka.Brokers, Topic: r.Kafka.Topic}
+			s.Kafka = &KafkaSenderSettings{}
 			v.resolve(bp, &kafkaSenderTable, r.Kafka, s.Kafka)
 		case r.Type == senderFile && r.File != nil:
-			v.resolve(bp, &fileSenderTable, r.File, nil)
-			s.File = &FileSenderSettings{Path: r.File.Path}
+			s.File = &FileSenderSettings{}
+			v.resolve(bp, &fileSenderTable, r.File, s.File)
 		}
 		return s
 	})
@@ -433,7 +429,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 	connectAfterSrc := map[string]string{}
 	cfg.Routes = objects(v, "routes", f.Routes, &routeTable, func(p string, r *Route, in *routeIn, vs values) RouteSettings {
 		rs := in.RouteSettings
-		rs.ID, rs.Receiver, rs.Senders, rs.LoopPeer, rs.Mappings = r.ID, r.Receiver, r.Senders, r.LoopPeer, r.Mappings
+		rs.Mappings = r.Mappings
 		recv := cfg.Receiver(r.Receiver)
 		if r.Receiver != "" && recv == nil {
 			v.add(p+".receiver", r.Receiver, "names no receiver")
@@ -457,7 +453,6 @@ func (v *validator) routes(f *File, cfg *Config) {
 			}
 		}
 		if r.Rewrite != nil {
-			rs.StripPrefix, rs.AddPrefix = r.Rewrite.StripPrefix, r.Rewrite.AddPrefix
 			if rs.StripPrefix == "" && rs.AddPrefix == "" {
 				v.add(p+".rewrite", nil, "set strip_prefix, add_prefix or both")
 			}
