@@ -32,8 +32,8 @@ func (v *validator) opamp(o *OpAMP) *OpAMPSettings {
 	if o == nil {
 		return nil
 	}
-	vs := v.resolve("opamp", &opampTable, o)
-	s := &OpAMPSettings{ServerURL: o.ServerURL, HeartbeatInterval: vs.dur("heartbeat_interval")}
+	s := &OpAMPSettings{}
+	v.resolve("opamp", &opampTable, o, s)
 	u, err := url.Parse(o.ServerURL)
 	switch {
 	case o.ServerURL == "":

@@ -63,6 +63,14 @@ type Row struct {
 	Meaning    string
 	// Table is the schema of a mapping, or of each mapping of a list.
 	Table *Table
+	// To is where the resolved value goes in the Go value that the table
+	// resolves into (to, with, opt, orWritten, verbatim); nil for a key that the
+	// code copies from the raw object as written, or that only its rule
+	// concerns.
+	To *dest
+	// ExclusiveOnly marks a route key of an exclusive session's lease
+	// policy: it is refused on a route of any other session.
+	ExclusiveOnly bool
 }
 
 // Rule is the check of one value that needs nothing but the value.
@@ -161,16 +169,6 @@ func brokerURLRule(s string) string {
 		return "must name a port"
 	}
 	return ""
-}
-
-// row returns the row of key; a missing row is a programming error.
-func (t *Table) row(key string) *Row {
-	for i := range t.Rows {
-		if t.Rows[i].Key == key {
-			return &t.Rows[i]
-		}
-	}
-	panic(fmt.Sprintf("config: table %s has no key %q", t.Name, key))
 }
 
 // child returns what key names in an object of this table: its row, or the
@@ -275,55 +273,172 @@ func orList(xs []string) string {
 	return strings.Join(xs[:len(xs)-1], ", ") + " or " + xs[len(xs)-1]
 }
 
-// values are the resolved keys of one object: each checked against its
-// row, with its default applied where it was omitted or refused.
+// dest is where a row's resolved value goes: a field of the Go value that
+// its table resolves into, reached by a typed function, so that a
+// destination that does not exist does not compile. checkTables (run at
+// init) holds its Go type to the row's Kind and the rows of one table to
+// one destination type.
+type dest struct {
+	obj reflect.Type // *D, the destination of the table
+	val reflect.Type // the Go type of the value
+	// put stores the value: val is the resolved value (the default where
+	// omitted or refused), raw the value in the raw object (nil when an
+	// enclosing mapping is absent), written whether the file has it (see
+	// rawValue), accepted whether it was written and passed its rule.
+	put func(obj, val, raw any, written, accepted bool)
+}
+
+// to stores the resolved value (the default where omitted or refused) in
+// the field that field returns.
+func to[D, T any](field func(*D) *T) *dest {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _, _ bool) {
+		x, _ := v.(T)
+		*field(o.(*D)) = x
+	}}
+}
+
+// with passes the resolved value to set, for a field whose Go type is not
+// the value's own (a QoS byte, a parsed mode).
+func with[D, T any](set func(*D, T)) *dest {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _, _ bool) {
+		x, _ := v.(T)
+		set(o.(*D), x)
+	}}
+}
+
+// opt points the field that field returns at the value when it was written
+// and accepted, and leaves it nil otherwise: for a key whose default the
+// code applies (its row has a DefaultDoc).
+func opt[D, T any](field func(*D) **T) *dest {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, _ any, _, accepted bool) {
+		if x, ok := v.(T); ok && accepted {
+			*field(o.(*D)) = &x
+		}
+	}}
+}
+
+// orWritten is to, except that a refused value is stored as written: none
+// of the rules that depend on the key apply to it.
+func orWritten[D, T any](field func(*D) *T) *dest {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, v, raw any, written, accepted bool) {
+		if written && !accepted {
+			v = raw
+		}
+		x, _ := v.(T)
+		*field(o.(*D)) = x
+	}}
+}
+
+// verbatim stores the value as the raw object has it, blank or refused:
+// for a key that the code takes as written (an id, a URL, a list of
+// names) and whose rule only reports.
+func verbatim[D, T any](field func(*D) *T) *dest {
+	return &dest{obj: reflect.TypeFor[*D](), val: reflect.TypeFor[T](), put: func(o, _, raw any, _, _ bool) {
+		x, _ := raw.(T)
+		*field(o.(*D)) = x
+	}}
+}
+
+// goTypes is the Go type of the value of each kind.
+var goTypes = map[Kind]reflect.Type{
+	String: reflect.TypeFor[string](), Duration: reflect.TypeFor[time.Duration](), Int: reflect.TypeFor[int](),
+	Number: reflect.TypeFor[float64](), Bool: reflect.TypeFor[bool](), Strings: reflect.TypeFor[[]string](),
+	StringMap: reflect.TypeFor[map[string]string](),
+}
+
+// checkTables checks the destinations of the rows of every table reachable
+// from t: each holds the Go type of its row's Kind, and the rows of one
+// table share one destination type.
+func checkTables(t *Table, seen map[*Table]bool) error {
+	if seen[t] {
+		return nil
+	}
+	seen[t] = true
+	var obj reflect.Type
+	for _, r := range t.Rows {
+		if r.Table != nil {
+			if err := checkTables(r.Table, seen); err != nil {
+				return err
+			}
+		}
+		if r.To == nil {
+			continue
+		}
+		if want := goTypes[r.Kind]; r.To.val != want {
+			return fmt.Errorf("config: %s.%s: the row of kind %s stores a %v, not a %v", t.Name, r.Key, r.Kind, r.To.val, want)
+		}
+		if obj != nil && r.To.obj != obj {
+			return fmt.Errorf("config: %s.%s: stores into %v, the other rows of the table into %v", t.Name, r.Key, r.To.obj, obj)
+		}
+		obj = r.To.obj
+	}
+	return nil
+}
+
+func init() {
+	if err := checkTables(&topTable, map[*Table]bool{}); err != nil {
+		panic(err)
+	}
+}
+
+// values is how the keys of one object resolved: each checked against its
+// row, with its default applied where it was omitted or refused. The code
+// asks by row, for the few rules that relate keys; the values themselves
+// went to the rows' destinations.
 type values struct {
 	t   *Table
-	val map[string]any  // resolved: the default where omitted or refused
-	raw map[string]any  // as written
-	set map[string]bool // written in the file
-	bad map[string]bool // written and refused
+	val []any  // resolved: the default where omitted or refused
+	raw []any  // as written
+	set []bool // written in the file
+	bad []bool // written and refused, or required and omitted
 }
 
-func (vs values) get(key string) any {
-	vs.t.row(key) // a key outside the table is a programming error
-	return vs.val[key]
+// index is the position of r in the table; a row of another table is a
+// programming error.
+func (vs values) index(r *Row) int {
+	for i := range vs.t.Rows {
+		if &vs.t.Rows[i] == r {
+			return i
+		}
+	}
+	panic(fmt.Sprintf("config: table %s has no row %q", vs.t.Name, r.Key))
 }
 
-func (vs values) str(key string) string        { s, _ := vs.get(key).(string); return s }
-func (vs values) dur(key string) time.Duration { d, _ := vs.get(key).(time.Duration); return d }
-func (vs values) int(key string) int           { n, _ := vs.get(key).(int); return n }
-func (vs values) num(key string) float64       { f, _ := vs.get(key).(float64); return f }
-func (vs values) bool(key string) bool         { b, _ := vs.get(key).(bool); return b }
+// given reports whether r's key was written in the file.
+func (vs values) given(r *Row) bool { return vs.set[vs.index(r)] }
 
-// isSet reports whether key was written in the file.
-func (vs values) isSet(key string) bool { vs.t.row(key); return vs.set[key] }
+// accepted reports whether r's key was written and passed its row's rule.
+func (vs values) accepted(r *Row) bool { i := vs.index(r); return vs.set[i] && !vs.bad[i] }
 
-// ok reports whether key was omitted or passed its row's rule.
-func (vs values) ok(key string) bool { vs.t.row(key); return !vs.bad[key] }
+// value is the resolved value of r's key.
+func (vs values) value(r *Row) any { return vs.val[vs.index(r)] }
 
-// raw returns the value of key in the decoded object as written.
-func (vs values) written(key string) any { vs.t.row(key); return vs.raw[key] }
+// written is the value of r's key as the file has it.
+func (vs values) written(r *Row) any { return vs.raw[vs.index(r)] }
 
 // resolve checks every value row of t against obj, the decoded raw object
-// at path prefix (a pointer or struct of raw.go), and returns the values.
-func (v *validator) resolve(prefix string, t *Table, obj any) values {
-	vs := values{t: t, val: map[string]any{}, raw: map[string]any{}, set: map[string]bool{}, bad: map[string]bool{}}
+// at path prefix (a pointer or struct of raw.go), stores each value at its
+// row's destination in dst (a pointer to the Go value the table resolves
+// into; nil for a table without destinations) and returns the values.
+func (v *validator) resolve(prefix string, t *Table, obj, dst any) values {
+	n := len(t.Rows)
+	vs := values{t: t, val: make([]any, n), raw: make([]any, n), set: make([]bool, n), bad: make([]bool, n)}
 	rv := reflect.ValueOf(obj)
 	for i := range t.Rows {
 		r := &t.Rows[i]
 		path := join(prefix, r.Key)
 		f, present := lookup(rv, r.Key)
 		written, raw := rawValue(f, present)
-		vs.set[r.Key] = written
-		vs.raw[r.Key] = raw
+		vs.set[i] = written
+		vs.raw[i] = raw
 		def := r.defaultValue()
 		if !written {
-			vs.val[r.Key] = def
+			vs.val[i] = def
 			if r.Rule.Required != "" {
 				v.add(path, nil, "%s", r.Rule.Required)
-				vs.bad[r.Key] = true
+				vs.bad[i] = true
 			}
+			r.store(dst, def, raw, false, false)
 			continue
 		}
 		val, rule := r.check(raw)
@@ -331,18 +446,30 @@ func (v *validator) resolve(prefix string, t *Table, obj any) values {
 			for j, s := range raw.([]string) {
 				if why := formats[r.Rule.Format].check(s); why != "" {
 					v.add(fmt.Sprintf("%s[%d]", path, j), s, "%s", why)
-					vs.bad[r.Key] = true
+					vs.bad[i] = true
 				}
 			}
 		}
 		if rule != "" {
 			v.add(path, raw, "%s", rule)
-			vs.bad[r.Key] = true
+			vs.bad[i] = true
 			val = def
 		}
-		vs.val[r.Key] = val
+		vs.val[i] = val
+		r.store(dst, val, raw, true, !vs.bad[i])
 	}
 	return vs
+}
+
+// store puts a value at the row's destination in dst.
+func (r *Row) store(dst, val, raw any, written, accepted bool) {
+	if r.To == nil {
+		return
+	}
+	if dst == nil || reflect.TypeOf(dst) != r.To.obj {
+		panic(fmt.Sprintf("config: row %q stores into %v, resolved into %T", r.Key, r.To.obj, dst))
+	}
+	r.To.put(dst, val, raw, written, accepted)
 }
 
 // defaultValue is Default parsed as the row's kind.

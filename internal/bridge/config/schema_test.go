@@ -130,3 +130,57 @@ func TestPerTypeSenderSettings(t *testing.T) {
 		t.Errorf("kafka sender %+v", k)
 	}
 }
+
+// Every row's destination holds the Go type of its kind, and the rows of a
+// table store into one Go type (init panics otherwise; this names it).
+// Every table of the reference is reached from the top level.
+func TestRowDestinations(t *testing.T) {
+	seen := map[*Table]bool{}
+	if err := checkTables(&topTable, seen); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range Reference {
+		if !seen[ref.Table] {
+			t.Errorf("%s: not reached from the top level, its destinations are unchecked", ref.Name)
+		}
+	}
+}
+
+// The check refuses a destination of another Go type than the row's kind,
+// and a table whose rows store into different Go types.
+func TestRowDestinationsRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rows []Row
+		want string
+	}{
+		{"kind", []Row{{Key: "keep_alive", Kind: Duration, To: to(func(s *SessionSettings) *string { return &s.ClientID })}},
+			"x.keep_alive: the row of kind duration stores a string, not a time.Duration"},
+		{"table", []Row{
+			{Key: "a", Kind: String, To: to(func(s *SessionSettings) *string { return &s.ClientID })},
+			{Key: "b", Kind: String, To: to(func(s *RouteSettings) *string { return &s.Retain })}},
+			"x.b: stores into *config.RouteSettings, the other rows of the table into *config.SessionSettings"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := checkTables(&Table{Name: "x", Rows: c.rows}, map[*Table]bool{})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// The exclusive-only rows, refused on a route of a session that is not
+// exclusive, are the keys of the lease policy (the list that the check
+// named before the rows carried the flag).
+func TestExclusiveOnlyRows(t *testing.T) {
+	var keys []string
+	for _, r := range leaseRows {
+		keys = append(keys, r.Key)
+	}
+	want := []string{"acquire_poll_interval", "broker_health_step_down", "connect_after_lease", "failover_slo", "lease_renew_jitter",
+		"lease_ttl", "max_renew_fails", "peak_message_rate", "renew_call_timeout", "renew_interval", "startup_allowance", "step_down_grace"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("exclusive-only route keys %v, want %v", keys, want)
+	}
+}

@@ -55,28 +55,40 @@ func (v *validator) add(path string, value any, rule string, args ...any) {
 	v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Path: path, Value: val, Rule: fmt.Sprintf(rule, args...)})
 }
 
-// objects resolves each object of a list against its table, refuses an id
-// that an earlier object of the list took, and returns what build makes of
-// each.
-func objects[R, S any](v *validator, list string, raw []R, t *Table, build func(p string, r *R, vs values) S) []S {
+// objects resolves each object of a list against its table into a new In,
+// refuses an id that an earlier object of the list took, and returns what
+// build makes of each.
+func objects[R, In, S any](v *validator, list string, raw []R, t *Table, build func(p string, r *R, in *In, vs values) S) []S {
 	seen := map[string]string{}
 	var out []S
 	for i := range raw {
 		p := fmt.Sprintf("%s[%d]", list, i)
-		vs := v.resolve(p, t, &raw[i])
+		in := new(In)
+		vs := v.resolve(p, t, &raw[i], in)
 		v.unique(p, vs, seen)
-		out = append(out, build(p, &raw[i], vs))
+		out = append(out, build(p, &raw[i], in, vs))
 	}
 	return out
+}
+
+// idRow is the row of an object's id: the one of the id format.
+func (t *Table) idRow() *Row {
+	for i := range t.Rows {
+		if t.Rows[i].Rule.Format == "id" {
+			return &t.Rows[i]
+		}
+	}
+	panic("config: table " + t.Name + " has no id row")
 }
 
 // unique records an object's id, refusing one that another object of its
 // kind uses; an id that broke its row's rule is not recorded.
 func (v *validator) unique(prefix string, vs values, seen map[string]string) {
-	id := vs.str("id")
-	if !vs.isSet("id") || !vs.ok("id") {
+	r := vs.t.idRow()
+	if !vs.accepted(r) {
 		return
 	}
+	id, _ := vs.value(r).(string)
 	if seen[id] != "" {
 		v.add(prefix+".id", id, "is already used by %s", seen[id])
 		return
@@ -151,7 +163,7 @@ func (v *validator) failover(prefix string, err error) {
 
 func (v *validator) validate(f *File) *Config {
 	cfg := &Config{File: v.file}
-	v.resolve("", &topTable, f) // the lists that must not be empty
+	v.resolve("", &topTable, f, nil) // the lists that must not be empty
 	v.bridge(f, cfg)
 	v.store(f, cfg)
 	v.sessions(f, cfg)
@@ -163,19 +175,12 @@ func (v *validator) validate(f *File) *Config {
 }
 
 func (v *validator) bridge(f *File, cfg *Config) {
-	b := v.resolve("bridge", &bridgeTable, &f.Bridge)
 	s := &cfg.Bridge
-	s.ID = b.str("id")
-	s.InstanceID = b.str("instance_id")
+	v.resolve("bridge", &bridgeTable, &f.Bridge, s)
 	s.InstanceIDSet = s.InstanceID != ""
-	s.DeploymentMode, _ = leasemode.Parse(b.str("deployment_mode"))
-	s.ShutdownTimeout = b.dur("shutdown_timeout")
-	s.HTTPListen = b.str("http.listen")
-	s.StateDir = b.str("state_dir")
 	if s.StateDir == "" {
 		s.StateDir = filepath.Dir(v.file)
 	}
-	s.DeadLetterPath = b.str("dead_letter.path")
 	if s.DeadLetterPath == "" {
 		s.DeadLetterPath = filepath.Join(filepath.Dir(v.file), DefaultDeadLetterPath)
 	}
@@ -195,13 +200,8 @@ func splitHostPort(s string) (string, int, error) {
 
 func (v *validator) store(f *File, cfg *Config) {
 	l := f.Stores.Lease
-	r := v.resolve("stores.lease", &leaseStoreTable, &l)
 	s := &cfg.LeaseStore
-	s.Type = r.str("type")
-	if !r.ok("type") {
-		s.Type = l.Type // refused: none of the types' rules apply
-	}
-	s.Prefix = l.Prefix
+	v.resolve("stores.lease", &leaseStoreTable, &l, s) // a refused type stays as written: none of the types' rules apply
 	switch s.Type {
 	case leaseStoreSQLite:
 		s.Path = l.Path
@@ -230,10 +230,20 @@ func (v *validator) store(f *File, cfg *Config) {
 	}
 }
 
+// sessionIn is what the rows of a session resolve into: its settings, and
+// the keys whose default depends on other keys (nil: omitted or refused).
+type sessionIn struct {
+	SessionSettings
+	expiry    *time.Duration // session_expiry_interval
+	maxQueued *int           // broker_max_queued_messages
+}
+
+// given reports whether a raw string key was written (see rawValue).
+func given(s string) bool { return strings.TrimSpace(s) != "" }
+
 func (v *validator) sessions(f *File, cfg *Config) {
-	cfg.Sessions = objects(v, "sessions", f.Sessions, &sessionTable, func(p string, r *Session, vs values) SessionSettings {
-		s := SessionSettings{ID: r.ID, Mode: vs.str("session_mode"), Brokers: r.Brokers, ClientID: r.ClientID,
-			ProtocolVersion: vs.str("protocol_version")}
+	cfg.Sessions = objects(v, "sessions", f.Sessions, &sessionTable, func(p string, r *Session, in *sessionIn, _ values) SessionSettings {
+		s := in.SessionSettings
 		v311 := s.ProtocolVersion == MQTT311
 		switch r.ClientIDSuffix {
 		case "instance":
@@ -264,39 +274,33 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		}
 		// The default expiry depends on the mode; 3.1.1 has none.
 		switch {
-		case v311 && vs.isSet("session_expiry_interval"):
+		case v311 && given(r.SessionExpiryInterval):
 			v.add(p+".session_expiry_interval", r.SessionExpiryInterval, "does not apply to protocol_version 3.1.1: MQTT 3.1.1 has no session expiry interval; the broker keeps a persistent session as its own settings say (mosquitto: persistent_client_expiration)")
 			fallthrough
-		case !vs.isSet("session_expiry_interval") || !vs.ok("session_expiry_interval"):
+		case in.expiry == nil:
 			if s.Mode != Ephemeral {
 				s.SessionExpiryInterval = DefaultSessionExpiry
 			}
 		default:
-			s.SessionExpiryInterval = vs.dur("session_expiry_interval")
+			s.SessionExpiryInterval = *in.expiry
 			if s.Mode != Ephemeral && s.SessionExpiryInterval == 0 {
 				v.add(p+".session_expiry_interval", r.SessionExpiryInterval, "must be positive for a %s session, or the broker drops the session on disconnect", s.Mode)
 			}
 		}
-		s.KeepAlive = vs.dur("keep_alive")
-		s.Username = r.Username
 		s.Password = v.secret(p+".password", r.PasswordFile, r.PasswordEnv)
 		s.TLS = v.tls(p+".tls", r.TLS)
-		s.ConnectTimeout = vs.dur("connect_timeout")
-		s.ReconcileTimeout = vs.dur("reconcile_timeout")
-		s.UnmatchedGrace = vs.dur("unmatched_grace")
 		if act, err := activation.MQTT(s.ConnectTimeout, s.ReconcileTimeout, s.UnmatchedGrace); err != nil {
 			v.failover(p, err)
 		} else {
 			s.Activation = act
 		}
-		s.ReceiveMaximum = vs.int("receive_maximum")
-		if v311 && vs.isSet("receive_maximum") {
+		if v311 && r.ReceiveMaximum != 0 {
 			v.add(p+".receive_maximum", r.ReceiveMaximum, "does not apply to protocol_version 3.1.1: MQTT 3.1.1 has no receive maximum; the broker's own in-flight limit applies (mosquitto: max_inflight_messages)")
 			s.ReceiveMaximum = DefaultReceiveMaximum
 		}
 		s.BrokerMaxQueuedMessages = -1
-		if vs.isSet("broker_max_queued_messages") && vs.ok("broker_max_queued_messages") {
-			s.BrokerMaxQueuedMessages = vs.int("broker_max_queued_messages")
+		if in.maxQueued != nil {
+			s.BrokerMaxQueuedMessages = *in.maxQueued
 		}
 		s.ConnectAfterLease = true
 		return s
@@ -328,34 +332,39 @@ func validFilter(f string) string {
 }
 
 func (v *validator) receivers(f *File, cfg *Config) {
-	cfg.Receivers = objects(v, "receivers", f.Receivers, &receiverTable, func(p string, r *Receiver, vs values) ReceiverSettings {
-		rs := ReceiverSettings{ID: r.ID, Session: r.Session}
+	cfg.Receivers = objects(v, "receivers", f.Receivers, &receiverTable, func(p string, r *Receiver, in *ReceiverSettings, _ values) ReceiverSettings {
+		rs := *in
 		sess := cfg.Session(r.Session)
 		if r.Session != "" && sess == nil {
 			v.add(p+".session", r.Session, "names no session")
 		}
 		for j, t := range r.Topics {
 			tp := fmt.Sprintf("%s.topics[%d]", p, j)
-			ts := v.resolve(tp, &topicTable, &t)
+			var ts TopicSettings
+			v.resolve(tp, &topicTable, &t, &ts)
 			if sess != nil && cfg.Bridge.DeploymentMode == leasemode.Clustered && sess.Mode != Exclusive && !strings.HasPrefix(t.Filter, "$share/") {
 				v.add(tp+".filter", t.Filter, "in clustered mode a receiver needs a $share/<group>/ filter or an exclusive session, or every instance receives every message")
 			}
-			rs.Topics = append(rs.Topics, TopicSettings{Filter: t.Filter, QoS: byte(ts.int("qos"))})
+			rs.Topics = append(rs.Topics, ts)
 		}
 		return rs
 	})
 }
 
 func (v *validator) senders(f *File, cfg *Config) {
-	cfg.Senders = objects(v, "senders", f.Senders, &senderTable, func(p string, r *Sender, vs values) SenderSettings {
-		s := SenderSettings{ID: r.ID, Type: r.Type, MaxAttempts: vs.int("retry.max_attempts"),
-			InitialBackoff: vs.dur("retry.initial_backoff"), MaxBackoff: vs.dur("retry.max_backoff")}
+	cfg.Senders = objects(v, "senders", f.Senders, &senderTable, func(p string, r *Sender, in *SenderSettings, vs values) SenderSettings {
+		s := *in
 		if s.MaxBackoff < s.InitialBackoff {
 			v.add(p+".retry.max_backoff", r.Retry.MaxBackoff, "must not be below initial_backoff (%v)", s.InitialBackoff)
 		}
 		// Exactly the block of the sender's type.
-		for _, st := range senderTypes {
-			set := vs.isSet(st.SenderType)
+		for i := range senderTable.Rows {
+			block := &senderTable.Rows[i]
+			st := block.Table
+			if st == nil || st.SenderType == "" {
+				continue
+			}
+			set := vs.given(block)
 			switch {
 			case st.SenderType == r.Type && !set:
 				v.add(p+"."+r.Type, nil, "is required for a sender of type %s", r.Type)
@@ -367,42 +376,60 @@ func (v *validator) senders(f *File, cfg *Config) {
 		switch {
 		case r.Type == senderMQTT && r.MQTT != nil:
 			m := r.MQTT
-			b := v.resolve(bp, &mqttSenderTable, m)
-			ms := &MQTTSenderSettings{Broker: m.Broker, ClientID: m.ClientID, Username: m.Username,
-				Password: v.secret(bp+".password", m.PasswordFile, m.PasswordEnv), TLS: v.tls(bp+".tls", m.TLS),
-				QoS: byte(b.int("qos")), KeepAlive: b.dur("keep_alive"), ConnectTimeout: b.dur("connect_timeout"),
-				Timeout: b.dur("timeout"), ProtocolVersion: b.str("protocol_version")}
+			ms := &MQTTSenderSettings{}
+			v.resolve(bp, &mqttSenderTable, m, ms)
+			ms.Password = v.secret(bp+".password", m.PasswordFile, m.PasswordEnv)
+			ms.TLS = v.tls(bp+".tls", m.TLS)
 			if ms.ClientID == "" {
 				ms.ClientID = f.Bridge.ID + "-" + r.ID
 			}
 			s.MQTT = ms
 		case r.Type == senderHTTP && r.HTTP != nil:
-			b := v.resolve(bp, &httpSenderTable, r.HTTP)
-			s.HTTP = &HTTPSenderSettings{URL: r.HTTP.URL, Headers: r.HTTP.Headers, Timeout: b.dur("timeout")}
+			s.HTTP = &HTTPSenderSettings{}
+			v.resolve(bp, &httpSenderTable, r.HTTP, s.HTTP)
 		case r.Type == senderNATS && r.NATS != nil:
-			b := v.resolve(bp, &natsSenderTable, r.NATS)
-			s.NATS = &NATSSenderSettings{URL: r.NATS.URL, SubjectPrefix: r.NATS.SubjectPrefix, Timeout: b.dur("timeout")}
+			s.NATS = &NATSSenderSettings{}
+			v.resolve(bp, &natsSenderTable, r.NATS, s.NATS)
 		case r.Type == senderKafka && r.Kafka != nil:
-			b := v.resolve(bp, &kafkaSenderTable, r.Kafka)
-			s.Kafka = &KafkaSenderSettings{Brokers: r.Kafka.Brokers, Topic: r.Kafka.Topic, Timeout: b.dur("timeout")}
+			s.Kafka = &KafkaSenderSettings{}
+			v.resolve(bp, &kafkaSenderTable, r.Kafka, s.Kafka)
 		case r.Type == senderFile && r.File != nil:
-			v.resolve(bp, &fileSenderTable, r.File)
-			s.File = &FileSenderSettings{Path: r.File.Path}
+			s.File = &FileSenderSettings{}
+			v.resolve(bp, &fileSenderTable, r.File, s.File)
 		}
 		return s
 	})
 }
 
-// leaseKeys are the route keys of an exclusive session's lease policy.
-var leaseKeys = []string{"acquire_poll_interval", "broker_health_step_down", "connect_after_lease", "failover_slo", "lease_renew_jitter",
-	"lease_ttl", "max_renew_fails", "peak_message_rate", "renew_call_timeout", "renew_interval", "startup_allowance", "step_down_grace"}
+// routeIn is what the rows of a route resolve into: its settings, and the
+// keys of an exclusive session's lease policy.
+type routeIn struct {
+	RouteSettings
+	// policy holds the lease keys, the startup allowance and the
+	// objective; the rest of the policy is the session's and the mode's.
+	policy            failover.SessionPolicy
+	connectAfterLease bool
+}
+
+// leaseRows are the route rows of an exclusive session's lease policy
+// (ExclusiveOnly), sorted by key.
+var leaseRows = func() []*Row {
+	var rows []*Row
+	for i := range routeTable.Rows {
+		if routeTable.Rows[i].ExclusiveOnly {
+			rows = append(rows, &routeTable.Rows[i])
+		}
+	}
+	slices.SortFunc(rows, func(a, b *Row) int { return strings.Compare(a.Key, b.Key) })
+	return rows
+}()
 
 func (v *validator) routes(f *File, cfg *Config) {
 	connectAfter := map[string]*bool{}
 	connectAfterSrc := map[string]string{}
-	cfg.Routes = objects(v, "routes", f.Routes, &routeTable, func(p string, r *Route, vs values) RouteSettings {
-		rs := RouteSettings{ID: r.ID, Receiver: r.Receiver, Senders: r.Senders, MaxInFlight: vs.int("max_in_flight"),
-			PeakMessageRate: vs.num("peak_message_rate"), LoopPeer: r.LoopPeer, Retain: vs.str("retain"), Mappings: r.Mappings}
+	cfg.Routes = objects(v, "routes", f.Routes, &routeTable, func(p string, r *Route, in *routeIn, vs values) RouteSettings {
+		rs := in.RouteSettings
+		rs.Mappings = r.Mappings
 		recv := cfg.Receiver(r.Receiver)
 		if r.Receiver != "" && recv == nil {
 			v.add(p+".receiver", r.Receiver, "names no receiver")
@@ -420,13 +447,12 @@ func (v *validator) routes(f *File, cfg *Config) {
 		}
 		for j, m := range r.Mappings {
 			mp := fmt.Sprintf("%s.mappings[%d]", p, j)
-			v.resolve(mp, &mappingTable, &m)
+			v.resolve(mp, &mappingTable, &m, nil)
 			if why := validFilter(m.SourcePrefix + m.Pattern); m.Pattern != "" && why != "" {
 				v.add(mp+".pattern", m.Pattern, "with source_prefix %q: %s", m.SourcePrefix, why)
 			}
 		}
 		if r.Rewrite != nil {
-			rs.StripPrefix, rs.AddPrefix = r.Rewrite.StripPrefix, r.Rewrite.AddPrefix
 			if rs.StripPrefix == "" && rs.AddPrefix == "" {
 				v.add(p+".rewrite", nil, "set strip_prefix, add_prefix or both")
 			}
@@ -437,27 +463,16 @@ func (v *validator) routes(f *File, cfg *Config) {
 			sess = cfg.Session(recv.Session)
 		}
 		if sess != nil && sess.Mode != Exclusive {
-			for _, k := range leaseKeys {
-				if vs.isSet(k) {
-					v.add(p+"."+k, asWritten(vs.written(k)), "applies only to routes on an exclusive session; session %q is %s", sess.ID, sess.Mode)
+			for _, k := range leaseRows {
+				if vs.given(k) {
+					v.add(p+"."+k.Key, asWritten(vs.written(k)), "applies only to routes on an exclusive session; session %q is %s", sess.ID, sess.Mode)
 				}
 			}
 		}
 		if sess != nil && sess.Mode == Exclusive {
-			pol := failover.SessionPolicy{
-				Lease: cfg.Bridge.DeploymentMode.Lease(failover.LeaseConfig{
-					LeaseTTL:            vs.dur("lease_ttl"),
-					RenewInterval:       vs.dur("renew_interval"),
-					LeaseRenewJitter:    vs.dur("lease_renew_jitter"),
-					RenewCallTimeout:    vs.dur("renew_call_timeout"),
-					AcquirePollInterval: vs.dur("acquire_poll_interval"),
-					MaxRenewFails:       vs.int("max_renew_fails"),
-					StepDownGrace:       vs.dur("step_down_grace"),
-				}),
-				StartupAllowance: vs.dur("startup_allowance"),
-				FailoverSLO:      vs.dur("failover_slo"),
-				Activation:       sess.Activation,
-			}
+			pol := in.policy
+			pol.Lease = cfg.Bridge.DeploymentMode.Lease(in.policy.Lease)
+			pol.Activation = sess.Activation
 			bh, err := failover.ParseBrokerHealthStepDown(r.BrokerHealthStepDown)
 			if err != nil {
 				v.failover(p, err)
@@ -474,7 +489,7 @@ func (v *validator) routes(f *File, cfg *Config) {
 					cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("route %q: sender %q publishes MQTT 3.1.1, which has no user properties: the messages of exclusive session %q reach it without the fencing stamp (%s, %s), so a consumer there cannot tell a deposed owner's late messages from its successor's", r.ID, id, sess.ID, "myriarch-lease-version", "myriarch-session-id"))
 				}
 			}
-			if !vs.bool("connect_after_lease") {
+			if !in.connectAfterLease {
 				v.add(p+".connect_after_lease", "false", "false is not supported: an exclusive session connects only after it holds the lease, so that two instances never consume its broker session at once")
 			}
 		}
