@@ -216,24 +216,8 @@ func TestBridgesManagedByMyriarchd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, myriarchd and two bridge processes")
 	}
-	pg := pgtest.New(t)
 	ctx := context.Background()
-	fc, err := fleetconfig.Load(fleetconfig.Source{Environ: []string{}, Overrides: map[string]string{
-		"database.url": pg.DSN(""), "server.enrollmentSecret": e2eSecret, "ha.replicaId": "e2e",
-		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "server.shutdownTimeout": "5s",
-		"server.lastSeenFlushInterval": "200ms", "database.maxConns": "8"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.Start(ctx, daemon.Options{Config: fc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "e2e"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Shutdown()
-	tok, err := d.Store.CreateToken(ctx, "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, tok := startMyriarchd(t, "e2e")
 	api := "http://" + d.HTTPAddr().String()
 
 	br, err := embroker.Start("", nil)
@@ -466,4 +450,28 @@ func TestBridgesManagedByMyriarchd(t *testing.T) {
 			t.Fatalf("%s reports lease version %s; want exactly one hand-over (%d)", p.dir, v, want+1)
 		}
 	}
+}
+
+// startMyriarchd runs one myriarchd replica (named replica) on a throwaway
+// PostgreSQL until the end of the test, and returns it with an API token.
+func startMyriarchd(t *testing.T, replica string) (*daemon.Daemon, string) {
+	t.Helper()
+	pg := pgtest.New(t)
+	fc, err := fleetconfig.Load(fleetconfig.Source{Environ: []string{}, Overrides: map[string]string{
+		"database.url": pg.DSN(""), "server.enrollmentSecret": e2eSecret, "ha.replicaId": replica,
+		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "server.shutdownTimeout": "5s",
+		"server.lastSeenFlushInterval": "200ms", "database.maxConns": "8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.Start(context.Background(), daemon.Options{Config: fc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Shutdown() })
+	tok, err := d.Store.CreateToken(context.Background(), "e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, tok
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,10 +14,7 @@ import (
 
 	bridgeconfig "github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
-	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
-	"github.com/myriarch/myriarch/internal/fleet/daemon"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // The myriarchd that these tests assemble (daemon.Start) validates bridge
@@ -39,24 +35,8 @@ func TestRemoteConfigFilesAreCheckedOnTheBridgesHost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, myriarchd and a bridge process")
 	}
-	pg := pgtest.New(t)
 	ctx := context.Background()
-	fc, err := fleetconfig.Load(fleetconfig.Source{Environ: []string{}, Overrides: map[string]string{
-		"database.url": pg.DSN(""), "server.enrollmentSecret": e2eSecret, "ha.replicaId": "e2e-files",
-		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "server.shutdownTimeout": "5s",
-		"server.lastSeenFlushInterval": "200ms", "database.maxConns": "8"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.Start(ctx, daemon.Options{Config: fc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "e2e"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Shutdown()
-	tok, err := d.Store.CreateToken(ctx, "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, tok := startMyriarchd(t, "e2e-files")
 	const password = "only-on-the-bridge-host"
 	br, err := embroker.StartWith("", nil, embroker.Options{Users: map[string]string{"plant": password}})
 	if err != nil {
