@@ -195,28 +195,12 @@ func (s *Store) Acquire(ctx context.Context, c lease.Claim) (lease.Token, error)
 	}
 	if !found {
 		nr := s.grantRow(Row{}, c)
-		ok, err := s.b.Insert(ctx, c.ID, nr)
-		if err != nil {
-			s.forget(k)
-			return lease.Token{}, err
-		}
-		if ok {
-			return s.granted(c, nr, sent), nil
-		}
-		return lease.Token{}, s.rebaseline(ctx, c)
+		return s.grant(ctx, c, nr, sent, func() (bool, error) { return s.b.Insert(ctx, c.ID, nr) })
 	}
 	if row.Owner == "" || row.Owner == c.Owner {
 		// Released, or our own: taken at once.
 		nr := s.grantRow(row, c)
-		ok, err := s.b.CAS(ctx, c.ID, rev, nr)
-		if err != nil {
-			s.forget(k)
-			return lease.Token{}, err
-		}
-		if ok {
-			return s.granted(c, nr, sent), nil
-		}
-		return lease.Token{}, s.rebaseline(ctx, c)
+		return s.grant(ctx, c, nr, sent, func() (bool, error) { return s.b.CAS(ctx, c.ID, rev, nr) })
 	}
 
 	// Held by another owner: observe.
@@ -254,6 +238,22 @@ func (s *Store) Acquire(ctx context.Context, c lease.Claim) (lease.Token, error)
 	}
 	s.setBaseline(k, nr)
 	return lease.Token{}, &lease.HeldError{Record: record(c.ID, nr), Observed: time.Duration(total)}
+}
+
+// grant writes nr, a row that grants c the lease, with write (an insert
+// or a compare-and-set): the token when it is written; after an unknown
+// outcome the baseline is forgotten and the error returned; after a lost
+// race a new baseline is taken (rebaseline).
+func (s *Store) grant(ctx context.Context, c lease.Claim, nr Row, sent time.Time, write func() (bool, error)) (lease.Token, error) {
+	ok, err := write()
+	if err != nil {
+		s.forget(obsKey{c.ID, c.Owner})
+		return lease.Token{}, err
+	}
+	if ok {
+		return s.granted(c, nr, sent), nil
+	}
+	return lease.Token{}, s.rebaseline(ctx, c)
 }
 
 // rebaseline reads the row after a lost compare-and-set and takes a new

@@ -1,0 +1,30 @@
+package api
+
+import "net/http"
+
+// writeList answers the GET of a list: err as serviceErr (what names the
+// object asked about), else the list, wrapped by answer, with an empty
+// list as [] rather than null.
+func writeList[T any](w http.ResponseWriter, list []T, err error, what string, answer func([]T) any) {
+	if err != nil {
+		serviceErr(w, err, what)
+		return
+	}
+	if list == nil {
+		list = []T{}
+	}
+	writeJSON(w, http.StatusOK, answer(list))
+}
+
+// intents is the answer of the intents endpoints.
+func intents[T any](in []T) any { return map[string]any{"intents": in} }
+
+// writeOne answers the GET of one object: err as serviceErr (what names
+// the object asked about), else v.
+func writeOne(w http.ResponseWriter, v any, err error, what string) {
+	if err != nil {
+		serviceErr(w, err, what)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
