@@ -1,6 +1,10 @@
 package api
 
-import "net/http"
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+)
 
 // writeList answers the GET of a list: err as serviceErr (what names the
 // object asked about), else the list, wrapped by answer, with an empty
@@ -27,4 +31,19 @@ func writeOne(w http.ResponseWriter, v any, err error, what string) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// queryLimit reads the optional query parameter name, an integer within
+// [1, most]; def when it is absent. A bad one is answered 400.
+func queryLimit(w http.ResponseWriter, r *http.Request, name string, def, most int) (int, bool) {
+	l := r.URL.Query().Get(name)
+	if l == "" {
+		return def, true
+	}
+	n, err := strconv.Atoi(l)
+	if err != nil || n < 1 || n > most {
+		writeErr(w, http.StatusBadRequest, fmt.Sprintf("%s: must be an integer within [1, %d]", name, most))
+		return 0, false
+	}
+	return n, true
 }

@@ -252,14 +252,9 @@ type RolloutList struct {
 }
 
 func (a *API) listRollouts(w http.ResponseWriter, r *http.Request) {
-	limit := 0
-	if l := r.URL.Query().Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			writeErr(w, http.StatusBadRequest, "limit: must be an integer within [1, 1000]")
-			return
-		}
-		limit = n
+	limit, ok := queryLimit(w, r, "limit", 0, 1000)
+	if !ok {
+		return
 	}
 	rs, err := a.Rollouts().List(r.Context(), r.URL.Query().Get("config"), limit)
 	writeOne(w, RolloutList{Rollouts: rs}, err, "")
@@ -284,14 +279,9 @@ func (a *API) getRollout(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	limit := 1000
-	if l := r.URL.Query().Get("agents"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100000 {
-			writeErr(w, http.StatusBadRequest, "agents: must be an integer within [1, 100000]")
-			return
-		}
-		limit = n
+	limit, ok := queryLimit(w, r, "agents", 1000, 100000)
+	if !ok {
+		return
 	}
 	d, err := a.Rollouts().Detail(r.Context(), id, limit)
 	writeOne(w, d, err, fmt.Sprintf("rollout %d", id))
