@@ -277,6 +277,20 @@ func (s *Store) rebaseline(ctx context.Context, c lease.Claim) error {
 	return errContention
 }
 
+// loadHeld reads lease id's row for a holder of tok: a token that no
+// longer holds the lease is forgotten, and the error is ErrLost.
+func (s *Store) loadHeld(ctx context.Context, id string, tok lease.Token) (Row, int64, error) {
+	row, rev, found, err := s.load(ctx, id)
+	if err != nil {
+		return Row{}, 0, err
+	}
+	if err := s.checkToken(id, row, found, tok); err != nil {
+		s.drop(tok)
+		return Row{}, 0, err
+	}
+	return row, rev, nil
+}
+
 func (s *Store) checkToken(id string, row Row, found bool, tok lease.Token) error {
 	if !found || row.Owner != tok.Owner || row.Version != tok.Version {
 		who := "no row"
@@ -309,12 +323,8 @@ func (s *Store) Renew(ctx context.Context, id string, tok lease.Token, ttl time.
 		return fmt.Errorf("lease %q: token %v: %w: its local deadline passed %v ago", id, tok, lease.ErrExpired, pre.Sub(h.deadline))
 	}
 	for range maxCASRetries {
-		row, rev, found, err := s.load(ctx, id)
+		row, rev, err := s.loadHeld(ctx, id, tok)
 		if err != nil {
-			return err
-		}
-		if err := s.checkToken(id, row, found, tok); err != nil {
-			s.drop(tok)
 			return err
 		}
 		if row.ObsElapsedNS >= row.ExpiryNS-row.RenewedAtNS {
@@ -358,12 +368,8 @@ func (s *Store) drop(tok lease.Token) {
 // Release implements lease.Store.
 func (s *Store) Release(ctx context.Context, id string, tok lease.Token) error {
 	for range maxCASRetries {
-		row, rev, found, err := s.load(ctx, id)
+		row, rev, err := s.loadHeld(ctx, id, tok)
 		if err != nil {
-			return err
-		}
-		if err := s.checkToken(id, row, found, tok); err != nil {
-			s.drop(tok)
 			return err
 		}
 		nr := row
