@@ -47,3 +47,12 @@ func queryLimit(w http.ResponseWriter, r *http.Request, name string, def, most i
 	}
 	return n, true
 }
+
+// storedStatus is the status of a PUT or POST that stores: 201 when it
+// created something, 200 when it changed or kept what was there.
+func storedStatus(created bool) int {
+	if created {
+		return http.StatusCreated
+	}
+	return http.StatusOK
+}

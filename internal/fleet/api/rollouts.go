@@ -143,10 +143,7 @@ func (a *API) putConfig(w http.ResponseWriter, r *http.Request) {
 		serviceErr(w, err, "configuration "+name)
 		return
 	}
-	code := http.StatusOK
-	if created {
-		code = http.StatusCreated
-	}
+	code := storedStatus(created)
 	a.o.Log.Info("configuration stored", "config", name, "created", created, "token", TokenName(r.Context()))
 	writeJSON(w, code, d)
 }
@@ -174,9 +171,8 @@ func (a *API) addRevision(w http.ResponseWriter, r *http.Request) {
 		serviceErr(w, err, "configuration "+name)
 		return
 	}
-	code := http.StatusOK
+	code := storedStatus(created)
 	if created {
-		code = http.StatusCreated
 		a.o.Log.Info("configuration revision stored", "config", name, "revision", rev.Revision, "token", TokenName(r.Context()))
 	}
 	rev.Content = ""

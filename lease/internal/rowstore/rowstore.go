@@ -322,35 +322,53 @@ func (s *Store) Renew(ctx context.Context, id string, tok lease.Token, ttl time.
 		// The entry stays: an expired lease is never revived.
 		return fmt.Errorf("lease %q: token %v: %w: its local deadline passed %v ago", id, tok, lease.ErrExpired, pre.Sub(h.deadline))
 	}
-	for range maxCASRetries {
-		row, rev, err := s.loadHeld(ctx, id, tok)
-		if err != nil {
-			return err
-		}
+	err := s.casHeld(ctx, id, tok, "renew", func(row Row) (Row, error) {
 		if row.ObsElapsedNS >= row.ExpiryNS-row.RenewedAtNS {
 			s.expire(tok, id)
-			return fmt.Errorf("lease %q: token %v: %w: standbys observed it silent for %v", id, tok, lease.ErrExpired, time.Duration(row.ObsElapsedNS))
+			return Row{}, fmt.Errorf("lease %q: token %v: %w: standbys observed it silent for %v", id, tok, lease.ErrExpired, time.Duration(row.ObsElapsedNS))
 		}
 		nr := row
 		wall := s.clock.Now().UnixNano()
 		nr.RenewedAtNS, nr.ExpiryNS = wall, addSat(wall, int64(ttl))
 		nr.ObsSeq++
 		nr.ObsElapsedNS = 0
+		return nr, nil
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.held[tok] = heldLease{id: id, deadline: lease.LocalDeadline(pre, ttl)}
+	s.mu.Unlock()
+	return nil
+}
+
+// casHeld replaces the row of lease id that tok holds with next(row) by
+// compare-and-set, reading the row again after each lost race (an
+// observer's write), at most maxCASRetries times; an error of next ends
+// it. what names the operation in the error of too many lost races.
+func (s *Store) casHeld(ctx context.Context, id string, tok lease.Token, what string, next func(Row) (Row, error)) error {
+	for range maxCASRetries {
+		row, rev, err := s.loadHeld(ctx, id, tok)
+		if err != nil {
+			return err
+		}
+		nr, err := next(row)
+		if err != nil {
+			return err
+		}
 		ok, err := s.b.CAS(ctx, id, rev, nr)
 		if err != nil {
 			return err
 		}
 		if ok {
-			s.mu.Lock()
-			s.held[tok] = heldLease{id: id, deadline: lease.LocalDeadline(pre, ttl)}
-			s.mu.Unlock()
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}
-	return fmt.Errorf("lease %q: renew lost %d compare-and-set races in a row", id, maxCASRetries)
+	return fmt.Errorf("lease %q: %s lost %d compare-and-set races in a row", id, what, maxCASRetries)
 }
 
 func (s *Store) expire(tok lease.Token, id string) {
@@ -367,30 +385,20 @@ func (s *Store) drop(tok lease.Token) {
 
 // Release implements lease.Store.
 func (s *Store) Release(ctx context.Context, id string, tok lease.Token) error {
-	for range maxCASRetries {
-		row, rev, err := s.loadHeld(ctx, id, tok)
-		if err != nil {
-			return err
-		}
+	err := s.casHeld(ctx, id, tok, "release", func(row Row) (Row, error) {
 		nr := row
 		wall := s.clock.Now().UnixNano()
 		nr.Owner, nr.Endpoint = "", ""
 		nr.RenewedAtNS, nr.ExpiryNS = wall, wall
 		nr.ObsSeq++
 		nr.ObsElapsedNS = 0
-		ok, err := s.b.CAS(ctx, id, rev, nr)
-		if err != nil {
-			return err
-		}
-		if ok {
-			s.drop(tok)
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+		return nr, nil
+	})
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("lease %q: release lost %d compare-and-set races in a row", id, maxCASRetries)
+	s.drop(tok)
+	return nil
 }
 
 // Current implements lease.Store.
