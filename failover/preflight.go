@@ -162,32 +162,38 @@ func keyOf(a Assessment) canonicalKey {
 	}
 }
 
+// input is one resolved manager input: its name, the value that diff
+// compares and the value that it shows.
+type input struct {
+	name         string
+	value, shown any
+}
+
+// inputs lists the inputs of k in the order diff reports them.
+func (k canonicalKey) inputs() []input {
+	in := func(name string, v any) input { return input{name, v, v} }
+	return []input{
+		in("LeaseTTL", k.cad.LeaseTTL),
+		in("RenewInterval", k.cad.RenewInterval),
+		in("LeaseRenewJitter", k.cad.LeaseRenewJitter),
+		in("RenewCallTimeout", k.cad.RenewCallTimeout),
+		in("AcquirePollInterval", k.cad.AcquirePollInterval),
+		in("MaxRenewFails", k.cad.MaxRenewFails),
+		in("StepDownGrace", k.cad.StepDownGrace),
+		in("StartupAllowance", k.startup),
+		{"FailoverSLO", k.slo, sloString(k.slo)},
+		in("BrokerHealthStepDown", k.broker),
+		{"transport activation", [3]any{k.actTranspt, k.actKnown, k.actBound}, actString(k)},
+	}
+}
+
 // diff names the first differing input, or "" when they agree.
 func (k canonicalKey) diff(o canonicalKey) string {
-	d := func(name string, a, b any) string { return fmt.Sprintf("%s (%v vs %v)", name, a, b) }
-	switch {
-	case k.cad.LeaseTTL != o.cad.LeaseTTL:
-		return d("LeaseTTL", k.cad.LeaseTTL, o.cad.LeaseTTL)
-	case k.cad.RenewInterval != o.cad.RenewInterval:
-		return d("RenewInterval", k.cad.RenewInterval, o.cad.RenewInterval)
-	case k.cad.LeaseRenewJitter != o.cad.LeaseRenewJitter:
-		return d("LeaseRenewJitter", k.cad.LeaseRenewJitter, o.cad.LeaseRenewJitter)
-	case k.cad.RenewCallTimeout != o.cad.RenewCallTimeout:
-		return d("RenewCallTimeout", k.cad.RenewCallTimeout, o.cad.RenewCallTimeout)
-	case k.cad.AcquirePollInterval != o.cad.AcquirePollInterval:
-		return d("AcquirePollInterval", k.cad.AcquirePollInterval, o.cad.AcquirePollInterval)
-	case k.cad.MaxRenewFails != o.cad.MaxRenewFails:
-		return d("MaxRenewFails", k.cad.MaxRenewFails, o.cad.MaxRenewFails)
-	case k.cad.StepDownGrace != o.cad.StepDownGrace:
-		return d("StepDownGrace", k.cad.StepDownGrace, o.cad.StepDownGrace)
-	case k.startup != o.startup:
-		return d("StartupAllowance", k.startup, o.startup)
-	case k.slo != o.slo:
-		return d("FailoverSLO", sloString(k.slo), sloString(o.slo))
-	case k.broker != o.broker:
-		return d("BrokerHealthStepDown", k.broker, o.broker)
-	case k.actTranspt != o.actTranspt || k.actKnown != o.actKnown || k.actBound != o.actBound:
-		return d("transport activation", actString(k), actString(o))
+	a, b := k.inputs(), o.inputs()
+	for i := range a {
+		if a[i].value != b[i].value {
+			return fmt.Sprintf("%s (%v vs %v)", a[i].name, a[i].shown, b[i].shown)
+		}
 	}
 	return ""
 }

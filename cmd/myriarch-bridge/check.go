@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -33,19 +31,10 @@ type checkReport struct {
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("myriarch-bridge check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	file := fs.String("c", "", "configuration file (YAML)")
+	fs, file := fileFlags("myriarch-bridge check", stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object: errors, warnings and, per exclusive session, the fields of `budget --json` plus session_id")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return cli.ExitUsage
-	}
-	if *file == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: myriarch-bridge check -c FILE [--json]")
-		return cli.ExitUsage
+	if code, ok := parseFileFlags(fs, file, args, "usage: myriarch-bridge check -c FILE [--json]", stderr); !ok {
+		return code
 	}
 	r := check(*file)
 	if *asJSON {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -41,39 +40,17 @@ func init() {
 }
 
 func runBridge(args []string, _, stderr io.Writer) int {
-	fs := flag.NewFlagSet("myriarch-bridge run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	file := fs.String("c", "", "configuration file (YAML)")
+	fs, file := fileFlags("myriarch-bridge run", stderr)
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return cli.ExitUsage
+	if code, ok := parseFileFlags(fs, file, args, "usage: myriarch-bridge run -c FILE [-log-format text|json] [-log-level info]", stderr); !ok {
+		return code
 	}
-	if *file == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: myriarch-bridge run -c FILE [-log-format text|json] [-log-level info]")
-		return cli.ExitUsage
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "-log-level: %q: %v\n", *logLevel, err)
-		return cli.ExitUsage
-	}
-	hopts := &slog.HandlerOptions{Level: level}
-	var logger *slog.Logger
-	switch *logFormat {
-	case "text":
-		logger = slog.New(slog.NewTextHandler(stderr, hopts))
-	case "json":
-		logger = slog.New(slog.NewJSONHandler(stderr, hopts))
-	default:
-		fmt.Fprintf(stderr, "-log-format: %q: must be text or json\n", *logFormat)
+	logger, ok := newLogger(*logFormat, *logLevel, stderr)
+	if !ok {
 		return cli.ExitUsage
 	}
 	slog.SetDefault(logger)
-
 	cfg, err := config.Load(*file)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -84,7 +61,31 @@ func runBridge(args []string, _, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	return runLoaded(ctx, cfg, *file, logger)
+}
 
+// newLogger is the logger of -log-format and -log-level; a bad value is
+// reported and not ok.
+func newLogger(format, levelName string, stderr io.Writer) (*slog.Logger, bool) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(levelName)); err != nil {
+		fmt.Fprintf(stderr, "-log-level: %q: %v\n", levelName, err)
+		return nil, false
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(stderr, hopts)), true
+	case "json":
+		return slog.New(slog.NewJSONHandler(stderr, hopts)), true
+	}
+	fmt.Fprintf(stderr, "-log-format: %q: must be text or json\n", format)
+	return nil, false
+}
+
+// runLoaded runs the bridge of a loaded configuration until ctx ends or
+// it fails, with its HTTP listener, SIGHUP reload and OpAMP client.
+func runLoaded(ctx context.Context, cfg *config.Config, file string, logger *slog.Logger) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(version.Collector("myriarch-bridge", version.String()))
@@ -101,29 +102,32 @@ func runBridge(args []string, _, stderr io.Writer) int {
 			return exitFailed
 		}
 		logger.Info("serving /live /ready /status /metrics", "addr", srv.Addr())
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
+		defer shutdownWithin(5*time.Second, srv.Shutdown)
 	}
 	logger.Info("bridge started", "instance", b.InstanceID(), "deployment_mode", cfg.Bridge.DeploymentMode, "sessions", len(cfg.Sessions), "routes", len(cfg.Routes))
-	stopHUP := reloadOnHUP(ctx, b, *file, logger)
+	stopHUP := reloadOnHUP(ctx, b, file, logger)
 	defer stopHUP()
 	if cfg.OpAMP != nil {
-		oc, err := opamp.Start(ctx, opamp.Options{Settings: cfg.OpAMP, File: *file, StateDir: cfg.Bridge.StateDir,
+		oc, err := opamp.Start(ctx, opamp.Options{Settings: cfg.OpAMP, File: file, StateDir: cfg.Bridge.StateDir,
 			BridgeID: cfg.Bridge.ID, InstanceID: b.InstanceID(), Version: version.String(), Bridge: b, Logger: logger})
 		if err != nil {
 			logger.Error("starting the OpAMP client", "err", err)
 			return exitFailed
 		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = oc.Stop(sctx)
-		}()
+		defer shutdownWithin(10*time.Second, oc.Stop)
 	}
-	err = b.Run(ctx)
+	return exitStatus(b.Run(ctx), logger)
+}
+
+// shutdownWithin calls stop with a context that ends after d.
+func shutdownWithin(d time.Duration, stop func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_ = stop(ctx)
+}
+
+// exitStatus logs how the bridge ended and returns the process status.
+func exitStatus(err error, logger *slog.Logger) int {
 	switch {
 	case errors.Is(err, lease.ErrDependencyStepDown):
 		logger.Error("exiting after a broker-path step-down; restart this process and it rejoins as a standby", "err", err)

@@ -43,80 +43,98 @@ allow-reenroll lets an agent that holds a credential enroll once more with
 the enrollment secret (it lost its credential, or was reinstalled with its old
 instance UID); otherwise the secret never replaces an agent's credential.`
 
-var agentCommands = map[string]bool{"show": true, "restart": true, "clear-config": true, "revoke": true, "rotate-credential": true, "allow-reenroll": true}
+var agentCommands = []string{"show", "restart", "clear-config", "revoke", "rotate-credential", "allow-reenroll"}
 
-func runAgent(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || !agentCommands[args[0]] {
-		fmt.Fprintln(stderr, agentUsage)
-		return cli.ExitUsage
+// apiClient is the flags of a command that calls the REST API.
+type apiClient struct {
+	server, token *string
+	base          *url.URL
+}
+
+func (c *apiClient) define(fs *flag.FlagSet) {
+	c.server = fs.String("server", envOr("MYRIARCH_SERVER", "http://127.0.0.1:8080"), "base URL of a myriarchd replica's REST API")
+	c.token = fs.String("token", os.Getenv("MYRIARCH_TOKEN"), "API token")
+}
+
+// check refuses a missing token or a server that is not an http(s) URL.
+func (c *apiClient) check(in *invocation) (int, bool) {
+	if *c.token == "" {
+		return in.usageErr("--token (or MYRIARCH_TOKEN) is required: an API token from `myriarchd token create`"), false
 	}
-	sub := args[0]
-	fs := flag.NewFlagSet("agent "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintln(stderr, agentUsage) }
-	server := fs.String("server", envOr("MYRIARCH_SERVER", "http://127.0.0.1:8080"), "base URL of a myriarchd replica's REST API")
-	token := fs.String("token", os.Getenv("MYRIARCH_TOKEN"), "API token")
-	asJSON := fs.Bool("json", false, "show: print the API's JSON")
-	var pos []string
-	rest := args[1:]
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return cli.ExitUsage
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		rest = fs.Args()[1:]
-	}
-	if len(pos) != 1 {
-		fmt.Fprintf(stderr, "myriarchd agent %s: want exactly one agent instance UID, got %d arguments\n", sub, len(pos))
-		return cli.ExitUsage
-	}
-	if *token == "" {
-		fmt.Fprintf(stderr, "myriarchd agent %s: --token (or MYRIARCH_TOKEN) is required: an API token from `myriarchd token create`\n", sub)
-		return cli.ExitUsage
-	}
-	base, err := url.Parse(*server)
+	base, err := url.Parse(*c.server)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		fmt.Fprintf(stderr, "myriarchd agent %s: --server %q: must be an http:// or https:// URL\n", sub, *server)
-		return cli.ExitUsage
+		return in.usageErr("--server %q: must be an http:// or https:// URL", *c.server), false
 	}
-	path := "/api/v1/agents/" + url.PathEscape(pos[0])
-	method := http.MethodGet
-	switch sub {
-	case "restart":
-		method, path = http.MethodPost, path+"/restart"
-	case "clear-config":
-		method, path = http.MethodDelete, path+"/config"
-	case "revoke":
-		method, path = http.MethodPost, path+"/revoke"
-	case "rotate-credential":
-		method, path = http.MethodPost, path+"/credential/rotate"
-	case "allow-reenroll":
-		method, path = http.MethodPost, path+"/credential/allow-reenroll"
-	}
+	c.base = base
+	return 0, true
+}
+
+// call sends method path to the server, within 30 seconds; a transport
+// failure or an answer other than 2xx is reported and is not ok.
+func (c *apiClient) call(in *invocation, method, path string) ([]byte, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	code, body, err := apiCall(ctx, method, strings.TrimSuffix(base.String(), "/")+path, *token)
+	code, body, err := apiCall(ctx, method, strings.TrimSuffix(c.base.String(), "/")+path, *c.token)
 	if err != nil {
-		fmt.Fprintf(stderr, "myriarchd agent %s: %v\n", sub, err)
-		return 1
+		fmt.Fprintf(in.stderr, "%s: %v\n", in.prog, err)
+		return nil, false
 	}
 	if code/100 != 2 {
 		var e struct{ Error string }
 		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			fmt.Fprintf(stderr, "myriarchd agent %s: %s (HTTP %d)\n", sub, e.Error, code)
+			fmt.Fprintf(in.stderr, "%s: %s (HTTP %d)\n", in.prog, e.Error, code)
 		} else {
-			fmt.Fprintf(stderr, "myriarchd agent %s: HTTP %d: %s\n", sub, code, strings.TrimSpace(string(body)))
+			fmt.Fprintf(in.stderr, "%s: HTTP %d: %s\n", in.prog, code, strings.TrimSpace(string(body)))
 		}
+		return nil, false
+	}
+	return body, true
+}
+
+func runAgent(args []string, stdout, stderr io.Writer) int {
+	var api apiClient
+	var asJSON *bool
+	in, code := subcommand("agent", agentUsage, agentCommands, args, stdout, stderr, func(_ string, fs *flag.FlagSet) {
+		api.define(fs)
+		asJSON = fs.Bool("json", false, "show: print the API's JSON")
+	})
+	if in == nil {
+		return code
+	}
+	if len(in.pos) != 1 {
+		return in.usageErr("want exactly one agent instance UID, got %d arguments", len(in.pos))
+	}
+	if code, ok := api.check(in); !ok {
+		return code
+	}
+	method, path := agentRequest(in.sub, in.pos[0])
+	body, ok := api.call(in, method, path)
+	if !ok {
 		return 1
 	}
-	if sub != "show" || *asJSON {
-		stdout.Write(body)
+	if in.sub != "show" || *asJSON {
+		in.stdout.Write(body)
 		return 0
 	}
 	return printAgent(body, stdout, stderr)
+}
+
+// agentRequest is the API request of agent command sub.
+func agentRequest(sub, uid string) (method, path string) {
+	path = "/api/v1/agents/" + url.PathEscape(uid)
+	switch sub {
+	case "restart":
+		return http.MethodPost, path + "/restart"
+	case "clear-config":
+		return http.MethodDelete, path + "/config"
+	case "revoke":
+		return http.MethodPost, path + "/revoke"
+	case "rotate-credential":
+		return http.MethodPost, path + "/credential/rotate"
+	case "allow-reenroll":
+		return http.MethodPost, path + "/credential/allow-reenroll"
+	}
+	return http.MethodGet, path
 }
 
 func envOr(k, def string) string {

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/cli"
@@ -25,7 +23,7 @@ func init() {
 // given by -c/--config and the MYRIARCH_* environment) and discloses its
 // numbers; explicit flags override it.
 func runBudget(args []string, stdout, stderr io.Writer) int {
-	file, rest, err := takeConfigFlag(args)
+	file, rest, err := cli.TakeFileFlag(args, "c", "config")
 	if err != nil {
 		fmt.Fprintln(stderr, "myriarchd budget:", err)
 		return cli.ExitUsage
@@ -37,9 +35,7 @@ func runBudget(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "error:", e)
 		}
 		if slices.Contains(rest, "--json") || slices.Contains(rest, "-json") {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(map[string]any{"errors": errs})
+			printJSON(stdout, map[string]any{"errors": errs})
 		}
 		return cli.ExitUsage
 	}
@@ -47,25 +43,4 @@ func runBudget(args []string, stdout, stderr io.Writer) int {
 	in := budget.DefaultLeaderInputs()
 	in.LeaderSessionTimeout, in.ShutdownTimeout = cfg.HA.LeaderSessionTimeout, cfg.Server.ShutdownTimeout
 	return budget.RunLeaderBudget(rest, in, stdout, stderr)
-}
-
-// takeConfigFlag removes -c/--config FILE (or =FILE) from args.
-func takeConfigFlag(args []string) (file string, rest []string, err error) {
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || (name != "c" && name != "config") {
-			rest = append(rest, a)
-			continue
-		}
-		if !hasVal {
-			if i+1 >= len(args) {
-				return "", nil, fmt.Errorf("flag %s needs a file name", a)
-			}
-			i++
-			val = args[i]
-		}
-		file = val
-	}
-	return file, rest, nil
 }

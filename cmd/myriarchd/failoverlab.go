@@ -1,21 +1,10 @@
 package main
 
-import (
-	"fmt"
-	"io"
+import "github.com/myriarch/myriarch/internal/cli"
 
-	"github.com/myriarch/myriarch/internal/cli"
-)
-
+// The lab starts throwaway PostgreSQL clusters; myriarchd must not link
+// that machinery.
 func init() {
-	commands.Register(cli.Command{
-		Name:    "failover-lab",
-		Summary: "moved: the leader failover lab is `myriarch-lab leader`",
-		Run: func(_ []string, _, stderr io.Writer) int {
-			// The lab starts throwaway PostgreSQL clusters; myriarchd
-			// must not link that machinery.
-			fmt.Fprintln(stderr, "myriarchd failover-lab: the lab is now `myriarch-lab leader` (same flags): `go run ./cmd/myriarch-lab leader` or `make failover-lab`")
-			return cli.ExitUsage
-		},
-	})
+	commands.Register(cli.Moved("failover-lab", "moved: the leader failover lab is `myriarch-lab leader`",
+		"myriarchd failover-lab: the lab is now `myriarch-lab leader` (same flags): `go run ./cmd/myriarch-lab leader` or `make failover-lab`"))
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,8 +35,7 @@ func init() {
 }
 
 func runServe(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.NewFlagSet("serve", "", stderr)
 	cfgFile := fs.String("config", os.Getenv("MYRIARCH_CONFIG"), "YAML configuration file (env MYRIARCH_CONFIG)")
 	dev := fs.Bool("dev", false, "start a private PostgreSQL from the local installation (initdb/pg_ctl) and print the UI address and an admin token")
 	devDir := fs.String("dev-dir", devdb.DefaultDir(), "private (0700) data directory of --dev, kept between runs")
@@ -48,33 +46,29 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *dev {
 		src.Optional = []string{"database.url", "server.enrollmentSecret"}
 	}
-	cfg, err := config.Load(src)
-	if err != nil {
-		fmt.Fprintln(stderr, "myriarchd: invalid configuration:")
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintln(stderr, "  "+line)
-		}
-		return cli.ExitUsage
+	cfg, code := loadConfig(src, stderr)
+	if cfg == nil {
+		return code
 	}
 	log := newLogger(cfg, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-
-	var pg *devdb.DB
-	if *dev {
-		if pg, err = startDevPostgres(ctx, cfg, *devDir, log); err != nil {
-			fmt.Fprintln(stderr, "myriarchd --dev:", err)
-			return 1
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), devdb.StopTimeout)
-			defer cancel()
-			if err := pg.Stop(sctx); err != nil {
-				log.Error("stopping the dev PostgreSQL failed", "error", err)
-			}
-		}()
+	if !*dev {
+		return serve(ctx, stop, cfg, log, stderr, nil)
 	}
+	pg, err := startDevPostgres(ctx, cfg, *devDir, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "myriarchd --dev:", err)
+		return 1
+	}
+	defer stopDevPostgres(pg, log)
+	return serve(ctx, stop, cfg, log, stderr, func(d *daemon.Daemon) { printDevBanner(stdout, stderr, d, cfg, pg, *devDir) })
+}
 
+// serve starts the replica, calls started (if any), and runs until ctx
+// ends; then it stops the signal handler (a second signal kills the
+// process) and shuts the replica down.
+func serve(ctx context.Context, stop func(), cfg *config.Config, log *slog.Logger, stderr io.Writer, started func(*daemon.Daemon)) int {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	d, err := daemon.Start(sctx, daemon.Options{Config: cfg, Log: log, Version: version, Mount: ui.Mount})
 	cancel()
@@ -82,13 +76,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "myriarchd:", err)
 		return 1
 	}
-	if *dev {
-		tok, err := d.Store.CreateToken(context.Background(), "dev-admin")
-		if err != nil {
-			fmt.Fprintln(stderr, "myriarchd --dev: creating the admin token:", err)
-		}
-		fmt.Fprintf(stdout, "myriarchd (dev) is running\n  UI:           http://%s/ui/\n  admin token:  %s\n  OpAMP:        ws://%s%s (Authorization: Bearer %s)\n  PostgreSQL:   %s\n  data dir:     %s\nPress Ctrl-C to stop.\n",
-			displayAddr(d.HTTPAddr()), tok, displayAddr(d.OpAMPAddr()), cfg.Server.OpAMPPath, cfg.Server.EnrollmentSecret, pg.DSN(""), *devDir)
+	if started != nil {
+		started(d)
 	}
 	<-ctx.Done()
 	stop() // a second signal kills the process
@@ -99,6 +88,24 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// printDevBanner tells the operator of --dev where everything is.
+func printDevBanner(stdout, stderr io.Writer, d *daemon.Daemon, cfg *config.Config, pg *devdb.DB, devDir string) {
+	tok, err := d.Store.CreateToken(context.Background(), "dev-admin")
+	if err != nil {
+		fmt.Fprintln(stderr, "myriarchd --dev: creating the admin token:", err)
+	}
+	fmt.Fprintf(stdout, "myriarchd (dev) is running\n  UI:           http://%s/ui/\n  admin token:  %s\n  OpAMP:        ws://%s%s (Authorization: Bearer %s)\n  PostgreSQL:   %s\n  data dir:     %s\nPress Ctrl-C to stop.\n",
+		displayAddr(d.HTTPAddr()), tok, displayAddr(d.OpAMPAddr()), cfg.Server.OpAMPPath, cfg.Server.EnrollmentSecret, pg.DSN(""), devDir)
+}
+
+func stopDevPostgres(pg *devdb.DB, log *slog.Logger) {
+	sctx, cancel := context.WithTimeout(context.Background(), devdb.StopTimeout)
+	defer cancel()
+	if err := pg.Stop(sctx); err != nil {
+		log.Error("stopping the dev PostgreSQL failed", "error", err)
+	}
 }
 
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {

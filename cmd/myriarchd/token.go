@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,12 +9,10 @@ import (
 	"os"
 	"os/user"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/myriarch/myriarch/internal/cli"
-	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -36,130 +33,121 @@ commands; admin also manages tokens and agents' credentials (default admin).
 Only database.url of the configuration is used. A revoked token is refused
 at once by every replica.`
 
+// tokenCmd is one run of `myriarchd token`.
+type tokenCmd struct {
+	*invocation
+	cfgFile, name, status, role *string
+	asJSON                      *bool
+	id                          int64 // revoke
+}
+
 func runToken(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "create" && args[0] != "list" && args[0] != "revoke") {
-		fmt.Fprintln(stderr, tokenUsage)
-		return cli.ExitUsage
+	t := &tokenCmd{}
+	in, code := subcommand("token", tokenUsage, []string{"create", "list", "revoke"}, args, stdout, stderr, t.define)
+	if in == nil {
+		return code
 	}
-	sub := args[0]
-	fs := flag.NewFlagSet("token "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintln(stderr, tokenUsage) }
-	cfgFile := fs.String("config", os.Getenv("MYRIARCH_CONFIG"), "YAML configuration file (env MYRIARCH_CONFIG); only database.url is used")
-	var name, status, role *string
-	var asJSON *bool
+	t.invocation = in
+	if code, ok := t.check(); !ok {
+		return code
+	}
+	return withDB(in, *t.cfgFile, func(ctx context.Context, st *store.Store) int {
+		switch t.sub {
+		case "create":
+			return t.create(ctx, st)
+		case "list":
+			return t.list(ctx, st)
+		default:
+			return t.revoke(ctx, st)
+		}
+	})
+}
+
+func (t *tokenCmd) define(sub string, fs *flag.FlagSet) {
+	t.cfgFile = fs.String("config", os.Getenv("MYRIARCH_CONFIG"), "YAML configuration file (env MYRIARCH_CONFIG); only database.url is used")
 	switch sub {
 	case "create":
-		name = fs.String("name", "", "name of the token (shown in logs of the requests it makes)")
-		role = fs.String("role", string(store.RoleAdmin), "viewer, operator or admin")
+		t.name = fs.String("name", "", "name of the token (shown in logs of the requests it makes)")
+		t.role = fs.String("role", string(store.RoleAdmin), "viewer, operator or admin")
 	case "list":
-		status = fs.String("status", "", "list only the active or the revoked tokens")
-		asJSON = fs.Bool("json", false, "print JSON, as GET /api/v1/tokens does")
+		t.status = fs.String("status", "", "list only the active or the revoked tokens")
+		t.asJSON = fs.Bool("json", false, "print JSON, as GET /api/v1/tokens does")
 	}
-	// Flags may come before and after the positional id of revoke.
-	var pos []string
-	rest := args[1:]
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return cli.ExitUsage
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		rest = fs.Args()[1:]
-	}
-	var id int64
-	switch sub {
+}
+
+// check validates the command line before the store is opened.
+func (t *tokenCmd) check() (int, bool) {
+	switch t.sub {
 	case "create":
-		if *name == "" {
-			fmt.Fprintln(stderr, "myriarchd token create: --name is required")
-			return cli.ExitUsage
+		if *t.name == "" {
+			return t.usageErr("--name is required"), false
 		}
-		if _, err := store.ParseRole(*role); err != nil {
-			fmt.Fprintln(stderr, "myriarchd token create: --"+err.Error())
-			return cli.ExitUsage
+		if _, err := store.ParseRole(*t.role); err != nil {
+			return t.usageErr("--%v", err), false
 		}
 	case "list":
-		if *status != store.TokensAll && *status != store.TokensActive && *status != store.TokensRevoked {
-			fmt.Fprintf(stderr, "myriarchd token list: --status %q: must be active or revoked\n", *status)
-			return cli.ExitUsage
+		if *t.status != store.TokensAll && *t.status != store.TokensActive && *t.status != store.TokensRevoked {
+			return t.usageErr("--status %q: must be active or revoked", *t.status), false
 		}
 	case "revoke":
-		if len(pos) != 1 {
-			fmt.Fprintln(stderr, "myriarchd token revoke: give exactly one token id (see `myriarchd token list`)")
-			return cli.ExitUsage
+		if len(t.pos) != 1 {
+			return t.usageErr("give exactly one token id (see `myriarchd token list`)"), false
 		}
 		var err error
-		if id, err = strconv.ParseInt(pos[0], 10, 64); err != nil || id < 1 {
-			fmt.Fprintf(stderr, "myriarchd token revoke: id %q: must be a positive integer (see `myriarchd token list`)\n", pos[0])
-			return cli.ExitUsage
+		if t.id, err = strconv.ParseInt(t.pos[0], 10, 64); err != nil || t.id < 1 {
+			return t.usageErr("id %q: must be a positive integer (see `myriarchd token list`)", t.pos[0]), false
 		}
 	}
-	if sub != "revoke" && len(pos) > 0 {
-		fmt.Fprintf(stderr, "myriarchd token %s: unexpected arguments %q\n", sub, pos)
-		return cli.ExitUsage
+	if t.sub != "revoke" && len(t.pos) > 0 {
+		return t.usageErr("unexpected arguments %q", t.pos), false
 	}
-	cfg, err := config.Load(config.Source{File: *cfgFile, Optional: []string{"server.enrollmentSecret"}})
+	return 0, true
+}
+
+func (t *tokenCmd) create(ctx context.Context, st *store.Store) int {
+	tk, tok, err := st.IssueTokenRole(ctx, *t.name, store.Role(*t.role))
 	if err != nil {
-		fmt.Fprintln(stderr, "myriarchd: invalid configuration:")
-		for _, line := range strings.Split(err.Error(), "\n") {
-			fmt.Fprintln(stderr, "  "+line)
-		}
-		return cli.ExitUsage
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := store.Open(ctx, cfg.Database.URL, 2, nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "myriarchd token %s: %v\n", sub, err)
+		fmt.Fprintln(t.stderr, "myriarchd token create:", err)
 		return 1
 	}
-	defer st.Close()
-	switch sub {
-	case "create":
-		t, tok, err := st.IssueTokenRole(ctx, *name, store.Role(*role))
-		if err != nil {
-			fmt.Fprintln(stderr, "myriarchd token create:", err)
-			return 1
+	fmt.Fprintln(t.stdout, tok)
+	fmt.Fprintf(t.stderr, "Token id %d (%s, role %s). Store this token now: only its hash is kept in the database.\nRevoke it with `myriarchd token revoke %d`.\n", tk.ID, tk.Name, tk.Role, tk.ID)
+	return 0
+}
+
+func (t *tokenCmd) list(ctx context.Context, st *store.Store) int {
+	toks, err := st.ListTokens(ctx, *t.status)
+	if err != nil {
+		fmt.Fprintln(t.stderr, "myriarchd token list:", err)
+		return 1
+	}
+	if *t.asJSON {
+		if toks == nil {
+			toks = []store.Token{}
 		}
-		fmt.Fprintln(stdout, tok)
-		fmt.Fprintf(stderr, "Token id %d (%s, role %s). Store this token now: only its hash is kept in the database.\nRevoke it with `myriarchd token revoke %d`.\n", t.ID, t.Name, t.Role, t.ID)
-		return 0
-	case "list":
-		toks, err := st.ListTokens(ctx, *status)
-		if err != nil {
-			fmt.Fprintln(stderr, "myriarchd token list:", err)
-			return 1
-		}
-		if *asJSON {
-			if toks == nil {
-				toks = []store.Token{}
-			}
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(map[string]any{"tokens": toks})
-			return 0
-		}
-		printTokens(stdout, toks)
-		return 0
-	default:
-		t, revoked, err := st.RevokeToken(ctx, id, revoker())
-		if errors.Is(err, store.ErrNotFound) {
-			fmt.Fprintf(stderr, "myriarchd token revoke: no token with id %d\n", id)
-			return 1
-		}
-		if err != nil {
-			fmt.Fprintln(stderr, "myriarchd token revoke:", err)
-			return 1
-		}
-		if !revoked {
-			fmt.Fprintf(stdout, "token %d (%s) was already revoked at %s by %s\n", t.ID, t.Name, t.RevokedAt.UTC().Format(time.RFC3339), t.RevokedBy)
-			return 0
-		}
-		fmt.Fprintf(stdout, "revoked token %d (%s); every replica refuses it from now on\n", t.ID, t.Name)
+		printJSON(t.stdout, map[string]any{"tokens": toks})
 		return 0
 	}
+	printTokens(t.stdout, toks)
+	return 0
+}
+
+func (t *tokenCmd) revoke(ctx context.Context, st *store.Store) int {
+	tk, revoked, err := st.RevokeToken(ctx, t.id, revoker())
+	if errors.Is(err, store.ErrNotFound) {
+		fmt.Fprintf(t.stderr, "myriarchd token revoke: no token with id %d\n", t.id)
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintln(t.stderr, "myriarchd token revoke:", err)
+		return 1
+	}
+	if !revoked {
+		fmt.Fprintf(t.stdout, "token %d (%s) was already revoked at %s by %s\n", tk.ID, tk.Name, tk.RevokedAt.UTC().Format(time.RFC3339), tk.RevokedBy)
+		return 0
+	}
+	fmt.Fprintf(t.stdout, "revoked token %d (%s); every replica refuses it from now on\n", tk.ID, tk.Name)
+	return 0
 }
 
 // revoker is what revoked_by records for the command line.

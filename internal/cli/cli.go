@@ -85,3 +85,12 @@ func (r *Registry) usage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nRun '%s <command> -h' for the flags of a command.\n", r.Program)
 }
+
+// Moved is a command that has moved elsewhere: it prints message (where it
+// went) and returns ExitUsage.
+func Moved(name, summary, message string) Command {
+	return Command{Name: name, Summary: summary, Run: func(_ []string, _, stderr io.Writer) int {
+		fmt.Fprintln(stderr, message)
+		return ExitUsage
+	}}
+}

@@ -85,14 +85,7 @@ type ConfigList struct {
 
 func (a *API) listConfigs(w http.ResponseWriter, r *http.Request) {
 	cs, err := store.ListConfigs(r.Context(), a.o.Store.Pool)
-	if err != nil {
-		serviceErr(w, err, "")
-		return
-	}
-	if cs == nil {
-		cs = []store.ConfigDef{}
-	}
-	writeJSON(w, http.StatusOK, ConfigList{Configs: cs})
+	writeList(w, cs, err, "", func(cs []store.ConfigDef) any { return ConfigList{Configs: cs} })
 }
 
 // ConfigDetail is a configuration with its revisions (newest first).
@@ -116,11 +109,7 @@ func (a *API) ConfigDetail(ctx context.Context, name string) (ConfigDetail, erro
 
 func (a *API) getConfig(w http.ResponseWriter, r *http.Request) {
 	d, err := a.ConfigDetail(r.Context(), r.PathValue("name"))
-	if err != nil {
-		serviceErr(w, err, "configuration "+r.PathValue("name"))
-		return
-	}
-	writeJSON(w, http.StatusOK, d)
+	writeOne(w, d, err, "configuration "+r.PathValue("name"))
 }
 
 // PutConfigRequest creates or updates a configuration. Selector uses the
@@ -154,10 +143,7 @@ func (a *API) putConfig(w http.ResponseWriter, r *http.Request) {
 		serviceErr(w, err, "configuration "+name)
 		return
 	}
-	code := http.StatusOK
-	if created {
-		code = http.StatusCreated
-	}
+	code := storedStatus(created)
 	a.o.Log.Info("configuration stored", "config", name, "created", created, "token", TokenName(r.Context()))
 	writeJSON(w, code, d)
 }
@@ -185,9 +171,8 @@ func (a *API) addRevision(w http.ResponseWriter, r *http.Request) {
 		serviceErr(w, err, "configuration "+name)
 		return
 	}
-	code := http.StatusOK
+	code := storedStatus(created)
 	if created {
-		code = http.StatusCreated
 		a.o.Log.Info("configuration revision stored", "config", name, "revision", rev.Revision, "token", TokenName(r.Context()))
 	}
 	rev.Content = ""
@@ -209,11 +194,7 @@ func (a *API) getRevision(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x, err := store.GetRevision(r.Context(), a.o.Store.Pool, r.PathValue("name"), int(rev))
-	if err != nil {
-		serviceErr(w, err, fmt.Sprintf("revision %d of %s", rev, r.PathValue("name")))
-		return
-	}
-	writeJSON(w, http.StatusOK, x)
+	writeOne(w, x, err, fmt.Sprintf("revision %d of %s", rev, r.PathValue("name")))
 }
 
 // DiffResult is the answer of GET .../diff.
@@ -248,32 +229,17 @@ func (a *API) diff(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := a.Diff(r.Context(), r.PathValue("name"), from, to)
-	if err != nil {
-		serviceErr(w, err, fmt.Sprintf("such revision of %s (%v)", r.PathValue("name"), err))
-		return
-	}
-	writeJSON(w, http.StatusOK, d)
+	writeOne(w, d, err, fmt.Sprintf("such revision of %s (%v)", r.PathValue("name"), err))
 }
 
 func (a *API) assignment(w http.ResponseWriter, r *http.Request) {
 	x, err := store.AgentAssignment(r.Context(), a.o.Store.Pool, r.PathValue("uid"))
-	if err != nil {
-		serviceErr(w, err, "agent "+r.PathValue("uid"))
-		return
-	}
-	writeJSON(w, http.StatusOK, x)
+	writeOne(w, x, err, "agent "+r.PathValue("uid"))
 }
 
 func (a *API) agentIntents(w http.ResponseWriter, r *http.Request) {
 	in, err := a.Rollouts().AgentIntents(r.Context(), r.PathValue("uid"), 100)
-	if err != nil {
-		serviceErr(w, err, "")
-		return
-	}
-	if in == nil {
-		in = []rollout.Intent{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"intents": in})
+	writeList(w, in, err, "", intents)
 }
 
 // RolloutList is the answer of GET /api/v1/rollouts.
@@ -282,21 +248,12 @@ type RolloutList struct {
 }
 
 func (a *API) listRollouts(w http.ResponseWriter, r *http.Request) {
-	limit := 0
-	if l := r.URL.Query().Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			writeErr(w, http.StatusBadRequest, "limit: must be an integer within [1, 1000]")
-			return
-		}
-		limit = n
-	}
-	rs, err := a.Rollouts().List(r.Context(), r.URL.Query().Get("config"), limit)
-	if err != nil {
-		serviceErr(w, err, "")
+	limit, ok := queryLimit(w, r, "limit", 0, 1000)
+	if !ok {
 		return
 	}
-	writeJSON(w, http.StatusOK, RolloutList{Rollouts: rs})
+	rs, err := a.Rollouts().List(r.Context(), r.URL.Query().Get("config"), limit)
+	writeOne(w, RolloutList{Rollouts: rs}, err, "")
 }
 
 func (a *API) createRollout(w http.ResponseWriter, r *http.Request) {
@@ -318,21 +275,12 @@ func (a *API) getRollout(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	limit := 1000
-	if l := r.URL.Query().Get("agents"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100000 {
-			writeErr(w, http.StatusBadRequest, "agents: must be an integer within [1, 100000]")
-			return
-		}
-		limit = n
-	}
-	d, err := a.Rollouts().Detail(r.Context(), id, limit)
-	if err != nil {
-		serviceErr(w, err, fmt.Sprintf("rollout %d", id))
+	limit, ok := queryLimit(w, r, "agents", 1000, 100000)
+	if !ok {
 		return
 	}
-	writeJSON(w, http.StatusOK, d)
+	d, err := a.Rollouts().Detail(r.Context(), id, limit)
+	writeOne(w, d, err, fmt.Sprintf("rollout %d", id))
 }
 
 func (a *API) rolloutIntents(w http.ResponseWriter, r *http.Request) {
@@ -341,14 +289,7 @@ func (a *API) rolloutIntents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in, err := a.Rollouts().Intents(r.Context(), id)
-	if err != nil {
-		serviceErr(w, err, fmt.Sprintf("rollout %d", id))
-		return
-	}
-	if in == nil {
-		in = []rollout.Intent{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"intents": in})
+	writeList(w, in, err, fmt.Sprintf("rollout %d", id), intents)
 }
 
 func (a *API) rolloutCommand(w http.ResponseWriter, r *http.Request) {
@@ -378,12 +319,5 @@ type GitOpsList struct {
 
 func (a *API) gitopsStatus(w http.ResponseWriter, r *http.Request) {
 	sts, err := gitops.Statuses(r.Context(), a.o.Store.Pool)
-	if err != nil {
-		serviceErr(w, err, "")
-		return
-	}
-	if sts == nil {
-		sts = []gitops.Status{}
-	}
-	writeJSON(w, http.StatusOK, GitOpsList{Sources: sts})
+	writeList(w, sts, err, "", func(sts []gitops.Status) any { return GitOpsList{Sources: sts} })
 }

@@ -75,23 +75,32 @@ func (s *Store) CheckSession(ctx context.Context, id string) (Token, bool, error
 	if !strings.HasPrefix(id, SessionPrefix) {
 		return Token{}, false, nil
 	}
-	rows, err := s.Pool.Query(ctx, `SELECT t.id, t.name, t.created_at, t.last_used_at, t.revoked_at, t.revoked_by, t.role
+	return queryOne[Token](ctx, s.Pool, `SELECT t.id, t.name, t.created_at, t.last_used_at, t.revoked_at, t.revoked_by, t.role
 		FROM ui_sessions s JOIN api_tokens t ON t.id = s.token_id
 		WHERE s.hash = $1 AND s.expires_at > now() AND t.revoked_at IS NULL`, hashToken(id))
-	if err != nil {
-		return Token{}, false, err
-	}
-	t, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Token])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Token{}, false, nil
-	}
-	return t, err == nil, err
 }
 
 // DeleteSession ends a session (logout) and, on the way, expired ones.
 func (s *Store) DeleteSession(ctx context.Context, id string) error {
 	_, err := s.Pool.Exec(ctx, `DELETE FROM ui_sessions WHERE hash = $1 OR expires_at < now()`, hashToken(id))
 	return err
+}
+
+// queryOne runs a query that returns at most one row, read into a T by
+// column position: ok is false, with no error, when it returns none.
+func queryOne[T any](ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string, args ...any) (T, bool, error) {
+	var zero T
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return zero, false, err
+	}
+	t, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[T])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return zero, false, nil
+	}
+	return t, err == nil, err
 }
 
 func randomSecret(prefix string) (string, error) {
@@ -242,15 +251,7 @@ func (s *Store) CheckAgentCredential(ctx context.Context, cred string) (uid stri
 // AgentCredentialOf returns the credential state of uid; ok false when it
 // never had one and was never revoked.
 func (s *Store) AgentCredentialOf(ctx context.Context, uid string) (AgentCredential, bool, error) {
-	rows, err := s.Pool.Query(ctx, "SELECT "+credCols+" FROM agent_credentials WHERE instance_uid = $1", uid)
-	if err != nil {
-		return AgentCredential{}, false, err
-	}
-	c, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[AgentCredential])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return AgentCredential{}, false, nil
-	}
-	return c, err == nil, err
+	return queryOne[AgentCredential](ctx, s.Pool, "SELECT "+credCols+" FROM agent_credentials WHERE instance_uid = $1", uid)
 }
 
 // RevokeAgent revokes agent uid: its credential stops working, it cannot
@@ -318,21 +319,19 @@ func (s *Store) RequestCredentialRotation(ctx context.Context, uid string) error
 
 // PendingRotations returns which of uids have a rotation request.
 func (s *Store) PendingRotations(ctx context.Context, uids []string) (map[string]bool, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT instance_uid FROM agent_credentials
-		WHERE instance_uid = ANY($1) AND rotate_requested_at IS NOT NULL AND revoked_at IS NULL`, uids)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	var uid string
-	_, err = pgx.ForEachRow(rows, []any{&uid}, func() error { out[uid] = true; return nil })
-	return out, err
+	return s.credentialsWhere(ctx, "rotate_requested_at IS NOT NULL AND revoked_at IS NULL", uids)
 }
 
 // RevokedAmong returns which of uids are revoked.
 func (s *Store) RevokedAmong(ctx context.Context, uids []string) (map[string]bool, error) {
+	return s.credentialsWhere(ctx, "revoked_at IS NOT NULL", uids)
+}
+
+// credentialsWhere returns which of uids have a credential row for which
+// cond holds.
+func (s *Store) credentialsWhere(ctx context.Context, cond string, uids []string) (map[string]bool, error) {
 	rows, err := s.Pool.Query(ctx, `SELECT instance_uid FROM agent_credentials
-		WHERE instance_uid = ANY($1) AND revoked_at IS NOT NULL`, uids)
+		WHERE instance_uid = ANY($1) AND `+cond, uids)
 	if err != nil {
 		return nil, err
 	}

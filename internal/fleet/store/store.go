@@ -8,10 +8,8 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"embed"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -494,11 +492,10 @@ func (s *Store) IssueTokenRole(ctx context.Context, name string, role Role) (Tok
 	if _, err := ParseRole(string(role)); err != nil {
 		return Token{}, "", err
 	}
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	tok, err := randomSecret(TokenPrefix)
+	if err != nil {
 		return Token{}, "", err
 	}
-	tok := TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
 	rows, err := s.Pool.Query(ctx, "INSERT INTO api_tokens (name, hash, role) VALUES ($1, $2, $3) RETURNING "+tokenCols, name, hashToken(tok), string(role))
 	if err != nil {
 		return Token{}, "", err
@@ -526,19 +523,11 @@ func (s *Store) CheckToken(ctx context.Context, tok string) (Token, bool, error)
 	}
 	// last_used_at is kept to the minute, so that reading pages costs no
 	// write per request.
-	rows, err := s.Pool.Query(ctx, `WITH t AS (SELECT `+tokenCols+` FROM api_tokens WHERE hash = $1 AND revoked_at IS NULL),
+	return queryOne[Token](ctx, s.Pool, `WITH t AS (SELECT `+tokenCols+` FROM api_tokens WHERE hash = $1 AND revoked_at IS NULL),
 		u AS (UPDATE api_tokens SET last_used_at = now() FROM t
 			WHERE api_tokens.id = t.id AND api_tokens.revoked_at IS NULL
 				AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute'))
 		SELECT `+tokenCols+` FROM t`, hashToken(tok))
-	if err != nil {
-		return Token{}, false, err
-	}
-	t, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Token])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Token{}, false, nil
-	}
-	return t, err == nil, err
 }
 
 // Token statuses of ListTokens.

@@ -195,28 +195,12 @@ func (s *Store) Acquire(ctx context.Context, c lease.Claim) (lease.Token, error)
 	}
 	if !found {
 		nr := s.grantRow(Row{}, c)
-		ok, err := s.b.Insert(ctx, c.ID, nr)
-		if err != nil {
-			s.forget(k)
-			return lease.Token{}, err
-		}
-		if ok {
-			return s.granted(c, nr, sent), nil
-		}
-		return lease.Token{}, s.rebaseline(ctx, c)
+		return s.grant(ctx, c, nr, sent, func() (bool, error) { return s.b.Insert(ctx, c.ID, nr) })
 	}
 	if row.Owner == "" || row.Owner == c.Owner {
 		// Released, or our own: taken at once.
 		nr := s.grantRow(row, c)
-		ok, err := s.b.CAS(ctx, c.ID, rev, nr)
-		if err != nil {
-			s.forget(k)
-			return lease.Token{}, err
-		}
-		if ok {
-			return s.granted(c, nr, sent), nil
-		}
-		return lease.Token{}, s.rebaseline(ctx, c)
+		return s.grant(ctx, c, nr, sent, func() (bool, error) { return s.b.CAS(ctx, c.ID, rev, nr) })
 	}
 
 	// Held by another owner: observe.
@@ -256,6 +240,22 @@ func (s *Store) Acquire(ctx context.Context, c lease.Claim) (lease.Token, error)
 	return lease.Token{}, &lease.HeldError{Record: record(c.ID, nr), Observed: time.Duration(total)}
 }
 
+// grant writes nr, a row that grants c the lease, with write (an insert
+// or a compare-and-set): the token when it is written; after an unknown
+// outcome the baseline is forgotten and the error returned; after a lost
+// race a new baseline is taken (rebaseline).
+func (s *Store) grant(ctx context.Context, c lease.Claim, nr Row, sent time.Time, write func() (bool, error)) (lease.Token, error) {
+	ok, err := write()
+	if err != nil {
+		s.forget(obsKey{c.ID, c.Owner})
+		return lease.Token{}, err
+	}
+	if ok {
+		return s.granted(c, nr, sent), nil
+	}
+	return lease.Token{}, s.rebaseline(ctx, c)
+}
+
 // rebaseline reads the row after a lost compare-and-set and takes a new
 // baseline from that response. The Acquire reports contention (ErrHeld);
 // the caller tries again after its poll.
@@ -275,6 +275,20 @@ func (s *Store) rebaseline(ctx context.Context, c lease.Claim) error {
 		return &lease.HeldError{Record: record(c.ID, row), Observed: time.Duration(row.ObsElapsedNS)}
 	}
 	return errContention
+}
+
+// loadHeld reads lease id's row for a holder of tok: a token that no
+// longer holds the lease is forgotten, and the error is ErrLost.
+func (s *Store) loadHeld(ctx context.Context, id string, tok lease.Token) (Row, int64, error) {
+	row, rev, found, err := s.load(ctx, id)
+	if err != nil {
+		return Row{}, 0, err
+	}
+	if err := s.checkToken(id, row, found, tok); err != nil {
+		s.drop(tok)
+		return Row{}, 0, err
+	}
+	return row, rev, nil
 }
 
 func (s *Store) checkToken(id string, row Row, found bool, tok lease.Token) error {
@@ -308,39 +322,53 @@ func (s *Store) Renew(ctx context.Context, id string, tok lease.Token, ttl time.
 		// The entry stays: an expired lease is never revived.
 		return fmt.Errorf("lease %q: token %v: %w: its local deadline passed %v ago", id, tok, lease.ErrExpired, pre.Sub(h.deadline))
 	}
-	for range maxCASRetries {
-		row, rev, found, err := s.load(ctx, id)
-		if err != nil {
-			return err
-		}
-		if err := s.checkToken(id, row, found, tok); err != nil {
-			s.drop(tok)
-			return err
-		}
+	err := s.casHeld(ctx, id, tok, "renew", func(row Row) (Row, error) {
 		if row.ObsElapsedNS >= row.ExpiryNS-row.RenewedAtNS {
 			s.expire(tok, id)
-			return fmt.Errorf("lease %q: token %v: %w: standbys observed it silent for %v", id, tok, lease.ErrExpired, time.Duration(row.ObsElapsedNS))
+			return Row{}, fmt.Errorf("lease %q: token %v: %w: standbys observed it silent for %v", id, tok, lease.ErrExpired, time.Duration(row.ObsElapsedNS))
 		}
 		nr := row
 		wall := s.clock.Now().UnixNano()
 		nr.RenewedAtNS, nr.ExpiryNS = wall, addSat(wall, int64(ttl))
 		nr.ObsSeq++
 		nr.ObsElapsedNS = 0
+		return nr, nil
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.held[tok] = heldLease{id: id, deadline: lease.LocalDeadline(pre, ttl)}
+	s.mu.Unlock()
+	return nil
+}
+
+// casHeld replaces the row of lease id that tok holds with next(row) by
+// compare-and-set, reading the row again after each lost race (an
+// observer's write), at most maxCASRetries times; an error of next ends
+// it. what names the operation in the error of too many lost races.
+func (s *Store) casHeld(ctx context.Context, id string, tok lease.Token, what string, next func(Row) (Row, error)) error {
+	for range maxCASRetries {
+		row, rev, err := s.loadHeld(ctx, id, tok)
+		if err != nil {
+			return err
+		}
+		nr, err := next(row)
+		if err != nil {
+			return err
+		}
 		ok, err := s.b.CAS(ctx, id, rev, nr)
 		if err != nil {
 			return err
 		}
 		if ok {
-			s.mu.Lock()
-			s.held[tok] = heldLease{id: id, deadline: lease.LocalDeadline(pre, ttl)}
-			s.mu.Unlock()
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}
-	return fmt.Errorf("lease %q: renew lost %d compare-and-set races in a row", id, maxCASRetries)
+	return fmt.Errorf("lease %q: %s lost %d compare-and-set races in a row", id, what, maxCASRetries)
 }
 
 func (s *Store) expire(tok lease.Token, id string) {
@@ -357,34 +385,20 @@ func (s *Store) drop(tok lease.Token) {
 
 // Release implements lease.Store.
 func (s *Store) Release(ctx context.Context, id string, tok lease.Token) error {
-	for range maxCASRetries {
-		row, rev, found, err := s.load(ctx, id)
-		if err != nil {
-			return err
-		}
-		if err := s.checkToken(id, row, found, tok); err != nil {
-			s.drop(tok)
-			return err
-		}
+	err := s.casHeld(ctx, id, tok, "release", func(row Row) (Row, error) {
 		nr := row
 		wall := s.clock.Now().UnixNano()
 		nr.Owner, nr.Endpoint = "", ""
 		nr.RenewedAtNS, nr.ExpiryNS = wall, wall
 		nr.ObsSeq++
 		nr.ObsElapsedNS = 0
-		ok, err := s.b.CAS(ctx, id, rev, nr)
-		if err != nil {
-			return err
-		}
-		if ok {
-			s.drop(tok)
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+		return nr, nil
+	})
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("lease %q: release lost %d compare-and-set races in a row", id, maxCASRetries)
+	s.drop(tok)
+	return nil
 }
 
 // Current implements lease.Store.

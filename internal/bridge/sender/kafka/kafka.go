@@ -78,18 +78,10 @@ func Dial(cfg Config) (*Sender, error) {
 
 // Send queues m; the sender's goroutine produces it.
 func (s *Sender) Send(m *sender.Message, done func(error)) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		done(sender.ErrClosed)
+	if !sender.Enqueue(&s.mu, &s.closed, &s.queue, item{m, done}, done) {
 		return
 	}
-	s.queue = append(s.queue, item{m, done})
-	s.mu.Unlock()
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
+	sender.Wake(s.kick)
 }
 
 func (s *Sender) run() {

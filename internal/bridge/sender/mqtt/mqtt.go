@@ -119,14 +119,9 @@ func nanotime() int64 { return int64(time.Since(clockBase)) }
 
 // Send queues m for publishing.
 func (s *Sender) Send(m *sender.Message, done func(error)) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		done(sender.ErrClosed)
+	if !sender.Enqueue(&s.mu, &s.closed, &s.queue, item{m: m, done: done}, done) {
 		return
 	}
-	s.queue = append(s.queue, item{m: m, done: done})
-	s.mu.Unlock()
 	now := nanotime()
 	light := now-s.lastSend.Swap(now) > int64(inlineGap)
 	// At a modest rate write it now, unless another goroutine is writing
@@ -142,25 +137,14 @@ func (s *Sender) Send(m *sender.Message, done func(error)) {
 			return
 		}
 	}
-	signal(s.kick)
-}
-
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
+	sender.Wake(s.kick)
 }
 
 func (s *Sender) run() {
 	defer close(s.done)
-	backoff := 100 * time.Millisecond
-	for s.ctx.Err() == nil {
-		err := s.session()
+	sender.Reconnect(s.ctx, s.log, s.session, func(err error) {
 		s.failPending(ErrConnectionLost)
-		// What queued while the connection was failing fails too, so that
-		// the route's retry and dead-letter policy applies instead of an
-		// unbounded wait for the broker.
+		// What queued while the connection was failing fails too.
 		s.mu.Lock()
 		q := s.queue
 		s.queue = nil
@@ -172,16 +156,7 @@ func (s *Sender) run() {
 			}
 			it.done(fmt.Errorf("mqtt sender: not connected: %w", err))
 		}
-		if s.ctx.Err() != nil {
-			break
-		}
-		s.log.Warn("mqtt sender disconnected; reconnecting", "err", err, "backoff", backoff)
-		select {
-		case <-s.ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
+	})
 	s.mu.Lock()
 	q := s.queue
 	s.queue, s.closed = nil, true
@@ -526,22 +501,10 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 		last.set(time.Now())
 		switch hdr >> 4 {
 		case packets.PUBACK:
-			id, code, err := mqttconn.DecodeAck(body)
-			if err != nil {
+			if err := s.complete(body, func(code byte) error {
+				return refused((&packets.Puback{ReasonCode: code}).Reason(), code)
+			}); err != nil {
 				return err
-			}
-			it, ok := s.settle(id)
-			if !ok {
-				continue
-			}
-			if code >= 0x80 {
-				err := fmt.Errorf("broker refused the message: %s", (&packets.Puback{ReasonCode: code}).Reason())
-				if PermanentReason(code) {
-					err = sender.Permanent(err)
-				}
-				it.done(err)
-			} else {
-				it.done(nil)
 			}
 		case packets.PUBREC:
 			// QoS 2, first half: the broker has the message. A refusal
@@ -562,11 +525,7 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 			}
 			if code >= 0x80 {
 				s.signalRoom()
-				err := fmt.Errorf("broker refused the message: %s", (&packets.Pubrec{ReasonCode: code}).Reason())
-				if PermanentReason(code) {
-					err = sender.Permanent(err)
-				}
-				it.done(err)
+				it.done(refused((&packets.Pubrec{ReasonCode: code}).Reason(), code))
 				continue
 			}
 			out = mqttconn.AppendAck(out[:0], packets.PUBREL, id, 0)
@@ -574,20 +533,12 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 				return err
 			}
 		case packets.PUBCOMP:
-			id, code, err := mqttconn.DecodeAck(body)
-			if err != nil {
-				return err
-			}
-			it, ok := s.settle(id)
-			if !ok {
-				continue
-			}
-			if code >= 0x80 {
+			if err := s.complete(body, func(code byte) error {
 				// Packet identifier not found: the broker lost the
 				// exchange; publishing again is the way to deliver.
-				it.done(fmt.Errorf("broker ended the QoS 2 exchange: %s", (&packets.Pubcomp{ReasonCode: code}).Reason()))
-			} else {
-				it.done(nil)
+				return fmt.Errorf("broker ended the QoS 2 exchange: %s", (&packets.Pubcomp{ReasonCode: code}).Reason())
+			}); err != nil {
+				return err
 			}
 		case packets.DISCONNECT:
 			cp, err := mqttconn.Parse(hdr, body)
@@ -599,6 +550,26 @@ func (s *Sender) read(conn *mqttconn.Conn, last *stamp) error {
 	}
 }
 
+// complete settles the message that an acknowledgment (PUBACK, PUBCOMP)
+// in body ends: it succeeds, or fails with refusal(code) for a reason code
+// of 0x80 or more. An acknowledgment of nothing pending is ignored.
+func (s *Sender) complete(body []byte, refusal func(code byte) error) error {
+	id, code, err := mqttconn.DecodeAck(body)
+	if err != nil {
+		return err
+	}
+	it, ok := s.settle(id)
+	if !ok {
+		return nil
+	}
+	if code >= 0x80 {
+		it.done(refusal(code))
+	} else {
+		it.done(nil)
+	}
+	return nil
+}
+
 // settle removes message id from the pending ones and frees its slot in
 // the window.
 func (s *Sender) settle(id uint16) (item, bool) {
@@ -608,7 +579,7 @@ func (s *Sender) settle(id uint16) (item, bool) {
 	waiting := len(s.queue) > 0
 	s.mu.Unlock()
 	if waiting {
-		signal(s.acked)
+		sender.Wake(s.acked)
 	}
 	return it, ok
 }
@@ -621,8 +592,18 @@ func (s *Sender) signalRoom() {
 	waiting := len(s.queue) > 0
 	s.mu.Unlock()
 	if waiting {
-		signal(s.acked)
+		sender.Wake(s.acked)
 	}
+}
+
+// refused is the error of a message that the broker refused with reason
+// code: permanent when PermanentReason says so.
+func refused(reason string, code byte) error {
+	err := fmt.Errorf("broker refused the message: %s", reason)
+	if PermanentReason(code) {
+		return sender.Permanent(err)
+	}
+	return err
 }
 
 // PermanentReason reports whether a PUBACK reason code refuses the message
@@ -644,10 +625,5 @@ func (s *Sender) Close(ctx context.Context) error {
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sender.AwaitDone(ctx, s.done)
 }

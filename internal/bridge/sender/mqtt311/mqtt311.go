@@ -108,48 +108,23 @@ func New(cfg Config) *Sender {
 
 // Send queues m for publishing.
 func (s *Sender) Send(m *sender.Message, done func(error)) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		done(sender.ErrClosed)
+	if !sender.Enqueue(&s.mu, &s.closed, &s.queue, item{m: m, done: done}, done) {
 		return
 	}
-	s.queue = append(s.queue, item{m: m, done: done})
-	s.mu.Unlock()
-	signal(s.kick)
-}
-
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
+	sender.Wake(s.kick)
 }
 
 func (s *Sender) run() {
 	defer close(s.done)
-	backoff := 100 * time.Millisecond
-	for s.ctx.Err() == nil {
-		err := s.session()
-		// What queued while the connection was failing fails too, so that
-		// the route's retry and dead-letter policy applies instead of an
-		// unbounded wait for the broker.
+	sender.Reconnect(s.ctx, s.log, s.session, func(err error) {
+		// What queued while the connection was failing fails too.
 		s.failQueued(func(it item) error {
 			if it.m.Withdrawn() {
 				return sender.ErrWithdrawn
 			}
 			return fmt.Errorf("mqtt 3.1.1 sender: not connected: %w", err)
 		})
-		if s.ctx.Err() != nil {
-			break
-		}
-		s.log.Warn("mqtt sender disconnected; reconnecting", "err", err, "backoff", backoff)
-		select {
-		case <-s.ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
+	})
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -326,12 +301,7 @@ func (s *Sender) Close(ctx context.Context) error {
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sender.AwaitDone(ctx, s.done)
 }
 
 // expired reports whether m's MQTT 5 expiry interval passed while the
