@@ -125,7 +125,10 @@ func TestTimeout(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	s := httpsender.New(httpsender.Config{URL: srv.URL, Timeout: 200 * time.Millisecond})
+	// The timeout also bounds the second, answered POST: generous enough
+	// for a loaded machine under -race (200 ms was not), so that only the
+	// unanswered one runs into it.
+	s := httpsender.New(httpsender.Config{URL: srv.URL, Timeout: 2 * time.Second})
 	defer closeSender(t, s)
 	err := result(t, send(s, "t", "slow"))
 	if err == nil || sender.IsPermanent(err) {
