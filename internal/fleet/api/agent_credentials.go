@@ -77,8 +77,9 @@ func (a *API) revokeAgent(w http.ResponseWriter, r *http.Request) {
 
 // AllowReenroll lets agent uid enroll once more with the enrollment
 // secret although it holds a credential (it lost it, or was reinstalled
-// with its old instance UID); without this the secret never replaces an
-// agent's credential (also used by the UI and the CLI through the API).
+// with its old instance UID) or was revoked (the revocation is lifted for
+// that one enrollment); without this the secret never replaces an agent's
+// credential (also used by the UI and the CLI through the API).
 // It is an agent event (reenroll_allowed) and a log line.
 func (a *API) AllowReenroll(ctx context.Context, uid string) (store.AgentCredential, error) {
 	c, err := a.o.Store.AllowReenroll(ctx, uid, tokenRef(ctx))
