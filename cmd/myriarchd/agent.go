@@ -37,11 +37,13 @@ http://127.0.0.1:8080), --token TOKEN (env MYRIARCH_TOKEN; an API token from
 restart sends the OpAMP restart command (the agent must accept it and be
 online); clear-config clears the desired config, and the agent is sent an
 empty config (OpAMP's "no remote config"). revoke disconnects the agent at
-once on every replica; it can neither connect nor enroll again.
+once on every replica; it can neither connect nor enroll again (until
+allow-reenroll).
 rotate-credential sends the agent a new credential; the old one stops working.
 allow-reenroll lets an agent that holds a credential enroll once more with
 the enrollment secret (it lost its credential, or was reinstalled with its old
-instance UID); otherwise the secret never replaces an agent's credential.`
+instance UID), or a revoked one once more (the revoked credential stays void);
+otherwise the secret never replaces an agent's credential.`
 
 var agentCommands = []string{"show", "restart", "clear-config", "revoke", "rotate-credential", "allow-reenroll"}
 
