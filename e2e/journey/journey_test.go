@@ -131,10 +131,9 @@ func hasEvent(evs []store.Event, kind, detailPart string) bool {
 // allowReenroll lets a revoked agent enroll again: an admin's one-time
 // allowance (POST /api/v1/agents/{uid}/credential/allow-reenroll), after
 // which the agent's next enrollment with the secret gets a new credential.
-func allowReenroll(t *testing.T, c client, uid string) bool {
+func allowReenroll(t *testing.T, c client, uid string) {
 	t.Helper()
 	c.must(200, "POST", "/api/v1/agents/"+uid+"/credential/allow-reenroll", nil, nil)
-	return true
 }
 
 // TestJourney: enroll, roll out a bridge configuration, roll back a broken
@@ -536,15 +535,20 @@ func TestJourney(t *testing.T) {
 	if d := agent(supUID); d.Agent.Status != "offline" {
 		t.Fatalf("the revoked agent is %s after its reconnections were refused", d.Agent.Status)
 	}
-	if allowReenroll(t, api, supUID) {
-		until(t, "the re-enrolled agent online and healthy", 2*time.Minute, func() bool {
-			d := agent(supUID)
-			return d.Agent.Status == "online" && d.Agent.Healthy != nil && *d.Agent.Healthy
-		})
-		t.Log("revoked agent re-enrolled after an admin allowed it")
-	} else {
-		t.Log("re-enrollment of a revoked agent: not available on this branch (allowReenroll); checked the refusal only")
+	allowReenroll(t, api, supUID)
+	until(t, "the re-enrolled agent online and healthy", 2*time.Minute, func() bool {
+		d := agent(supUID)
+		return d.Agent.Status == "online" && d.Agent.Healthy != nil && *d.Agent.Healthy
+	})
+	// Back: the revocation is lifted and the allowance is on the agent's
+	// record. (The supervisor does not accept connection settings, so it
+	// enrolls with the secret and holds no credential of its own.)
+	var back store.AgentCredential
+	api.must(http.StatusOK, "GET", "/api/v1/agents/"+supUID+"/credential", nil, &back)
+	if back.RevokedAt != nil || !hasEvent(agent(supUID).Events, store.EventReenrollAllowed, "") {
+		t.Fatalf("re-enrolled agent: credential %+v, events %v; want the revocation lifted and a %s event", back, kinds(agent(supUID).Events), store.EventReenrollAllowed)
 	}
+	t.Log("revoked agent re-enrolled after an admin allowed it")
 	t.Logf("revoked %s: offline, %v reconnections refused (%v)", supUID, rejected()-rejectedBefore, time.Since(began).Round(time.Millisecond))
 
 	// 4. Kill the leader in the middle of a rollout: after wave 1 applied,
