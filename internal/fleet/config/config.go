@@ -6,8 +6,9 @@
 // Its environment variable is MYRIARCH_ followed by the key in upper case
 // with the dot replaced by an underscore (MYRIARCH_HA_LEADERSESSIONTIMEOUT).
 // The environment overrides the file; a MYRIARCH_* variable that names no
-// setting (and is not one of OtherEnv) is refused, naming the nearest known
-// one. Durations are Go duration strings.
+// setting but looks like one (a section's prefix, or a few edits from a
+// setting's variable; not one of OtherEnv) is refused, naming the nearest
+// known one. Durations are Go duration strings.
 // Every problem is reported, each naming the key, the value and the rule;
 // a configuration with any problem is refused whole.
 package config
@@ -564,6 +565,22 @@ func Lookup(key string) (Setting, bool) {
 // every other MYRIARCH_* variable that names no setting is refused.
 var OtherEnv = []string{"MYRIARCH_CONFIG", "MYRIARCH_SERVER", "MYRIARCH_TOKEN"}
 
+// looksLikeASetting reports whether name, a MYRIARCH_* variable that is no
+// setting, was meant as one: it starts with a section of the settings
+// (MYRIARCH_SERVER_..., MYRIARCH_HA_...) or is within three edits of a
+// setting's variable. Other MYRIARCH_* variables belong to something else
+// on the host and are left alone: the bridge's *_env secrets (the examples
+// name them MYRIARCH_SOURCE_PASSWORD), the benchmarks' MYRIARCH_BENCH_*.
+func looksLikeASetting(name string) bool {
+	for _, s := range Settings {
+		section, _, _ := strings.Cut(s.Key, ".")
+		if strings.HasPrefix(name, "MYRIARCH_"+strings.ToUpper(section)+"_") || editDistance(name, s.Env()) <= 3 {
+			return true
+		}
+	}
+	return false
+}
+
 // unknownEnvRule is the refusal of an unknown MYRIARCH_* variable, naming
 // the known variable (and its key) nearest to it in edit distance.
 func unknownEnvRule(name string) string {
@@ -676,7 +693,7 @@ func Load(src Source) (*Config, error) {
 		if s, ok := known[name]; ok {
 			values[s.Key] = val
 			origin[s.Key] = name
-		} else if !slices.Contains(OtherEnv, name) {
+		} else if !slices.Contains(OtherEnv, name) && looksLikeASetting(name) {
 			unknownEnv = append(unknownEnv, name)
 		}
 	}

@@ -210,4 +210,14 @@ func TestUnknownEnvironmentVariableIsRefusedNamingTheNearest(t *testing.T) {
 	if _, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_CONFIG=/x", "MYRIARCH_TOKEN=y", "MYRIARCH_SERVER=z")}); err != nil {
 		t.Fatal(err)
 	}
+	// A section's prefix is enough to be refused, however far the rest is.
+	if _, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_DATABASE_CONNECTIONPOOLSIZE=4")}); err == nil {
+		t.Fatal("MYRIARCH_DATABASE_CONNECTIONPOOLSIZE was accepted")
+	}
+	// What other programs on the host read (the bridge's password_env of
+	// examples/clustered-postgres.yaml, the benchmarks' knobs) is not
+	// myriarchd's: a shell that runs both daemons must still start it.
+	if _, err := Load(Source{Environ: append(base[:2:2], "MYRIARCH_SOURCE_PASSWORD=pw", "MYRIARCH_BENCH_ROUTES=4", "MYRIARCH_MEASURE=1")}); err != nil {
+		t.Fatalf("variables of other programs refused: %v", err)
+	}
 }
