@@ -39,7 +39,7 @@ const CookieName = "myriarch_session"
 
 var pages = func() map[string]*template.Template {
 	funcs := template.FuncMap{"deref": func(b *bool) bool { return b != nil && *b },
-		"health": parseHealth, "capnames": store.CapabilityNames, "can": can, "bridgeSessions": bridgeSessions,
+		"health": parseHealth, "capnames": store.CapabilityNames, "can": can, "bridgeSessions": store.BridgeSessions,
 		"selector": configs.FormatSelector, "join": strings.Join,
 		"total": func(m map[string]int) int {
 			n := 0

@@ -1,0 +1,84 @@
+package store
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+)
+
+// BridgeIDAttribute is the non-identifying attribute a myriarch-bridge
+// reports its bridge id under; the two processes of a pair share it.
+const BridgeIDAttribute = "myriarch.bridge.id"
+
+// Session roles a myriarch-bridge reports per exclusive session.
+const (
+	RoleOwner   = "owner"
+	RoleStandby = "standby"
+)
+
+// BridgeSession is one session of a myriarch-bridge, from the health
+// component "session/<id>" that the bridge reports: its status is
+// space-separated key=value pairs (the bridge's opamp.SessionStatusText).
+type BridgeSession struct {
+	ID      string            `json:"id"`
+	Healthy bool              `json:"healthy"`
+	Error   string            `json:"error,omitempty"`
+	Role    string            `json:"role,omitempty"`
+	Fields  map[string]string `json:"fields,omitempty"` // service_level, lease_version, ...
+}
+
+// BridgeID is the bridge id the agent reports; "" for agents that are not
+// myriarch-bridge processes.
+func (a Agent) BridgeID() string { return a.NonIdentifying[BridgeIDAttribute] }
+
+// BridgeSessions returns the sessions of a bridge's health report, sorted by
+// id; none for other agents or an unreadable report.
+func (a Agent) BridgeSessions() []BridgeSession { return BridgeSessions(a.Health) }
+
+// Roles returns the distinct session roles the agent reports, sorted
+// ("owner", "standby", ...); none for agents without sessions.
+func (a Agent) Roles() []string {
+	var out []string
+	for _, s := range a.BridgeSessions() {
+		if s.Role != "" && !slices.Contains(out, s.Role) {
+			out = append(out, s.Role)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// healthNode is the stored shape of an agent's health (opampserver writes
+// it): nested components by name.
+type healthNode struct {
+	Healthy    bool                   `json:"healthy"`
+	Status     string                 `json:"status"`
+	LastError  string                 `json:"last_error"`
+	Components map[string]*healthNode `json:"components"`
+}
+
+// BridgeSessions parses the "session/<id>" components of a stored health
+// report.
+func BridgeSessions(health json.RawMessage) []BridgeSession {
+	var n healthNode
+	if len(health) == 0 || json.Unmarshal(health, &n) != nil {
+		return nil
+	}
+	var out []BridgeSession
+	for name, c := range n.Components {
+		id, ok := strings.CutPrefix(name, "session/")
+		if !ok || c == nil {
+			continue
+		}
+		s := BridgeSession{ID: id, Healthy: c.Healthy, Error: c.LastError, Fields: map[string]string{}}
+		for f := range strings.FieldsSeq(c.Status) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				s.Fields[k] = v
+			}
+		}
+		s.Role = s.Fields["role"]
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(x, y BridgeSession) int { return strings.Compare(x.ID, y.ID) })
+	return out
+}
