@@ -2,7 +2,7 @@ package failover
 
 import "time"
 
-// The bridge's two shipped baselines (DESIGN.md "The lease cadence",
+// The bridge's two shipped baselines (docs/failover-budget.md "How the cadence is resolved",
 // internal/bridge/leasemode), restated so that the library's tests check
 // the spec's figures without the daemon.
 var (

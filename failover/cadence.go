@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Limits of the lease cadence (DESIGN.md, "The lease cadence").
+// Limits of the lease cadence (docs/failover-budget.md, "How the cadence is resolved").
 const (
 	MinExclusiveLeaseTTL   = 5 * time.Second
 	MinRenewInterval       = 250 * time.Millisecond
@@ -91,7 +91,7 @@ func (c Cadence) StepDownPhaseBound() time.Duration {
 }
 
 // ResolveCadence resolves cfg into the cadence a lease manager runs with,
-// following DESIGN.md "The lease cadence" step by step. It returns warnings
+// following docs/failover-budget.md "How the cadence is resolved" step by step. It returns warnings
 // for adjustments it made (jitter shed to keep the renew invariant) and an
 // error joining every rule the configuration breaks. Errors and warnings
 // name LeaseConfig's fields (LeaseTTL, ...); a daemon maps them onto its

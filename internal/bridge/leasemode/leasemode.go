@@ -1,6 +1,6 @@
 // Package leasemode is the bridge's policy for the lease cadence of an
 // exclusive session: its two deployment modes and the baseline each ships
-// (DESIGN.md "The lease cadence", step 1). The arithmetic that resolves a
+// (docs/failover-budget.md "How the cadence is resolved", step 1). The arithmetic that resolves a
 // cadence from a baseline and the pinned values is failover.ResolveCadence.
 package leasemode
 
