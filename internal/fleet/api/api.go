@@ -479,7 +479,7 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	hash, err := a.o.Store.SetDesiredConfig(r.Context(), uid, req.Config)
+	hash, err := a.o.Store.SetDesiredConfigBy(r.Context(), uid, req.Config, "token "+TokenName(r.Context()))
 	if errors.Is(err, store.ErrNotFound) {
 		writeErr(w, http.StatusNotFound, "no agent "+uid)
 		return
