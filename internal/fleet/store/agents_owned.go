@@ -50,32 +50,23 @@ type DesiredSource struct {
 // desiredWrite says what a write of desired configs records as their
 // source.
 type desiredWrite struct {
-	kind   string // "" (cleared), DesiredFromRevision or DesiredDirect
-	config string
-	rev    int
-	by     string // a direct push's author
+	kind    string // "" (cleared), DesiredFromRevision or DesiredDirect
+	config  string
+	rev     int
+	rollout *int64
+	by      string
 }
 
 // writeDesired is the one writer of agents' desired configs: it sets the
 // desired config of uids to body with its hash, records its source, and
 // notifies every replica (NotifyChannel, payload the uid) at the commit.
-// A revision's rollout is the one whose intent sent this revision to the
-// agent: every command to an agent is recorded in rollout_intents in the
-// transaction that sets its desired config, before this write (the
-// rollout engine's send and assign); the rollout's creator is its author.
 // A direct push or a clear forgets the configuration and revision it
 // replaced, so that nothing shows a revision that the agent no longer
 // runs. It returns how many agents it updated.
 func writeDesired(ctx context.Context, q Querier, uids []string, body, hash string, src desiredWrite) (int64, error) {
-	tag, err := q.Exec(ctx, `WITH src AS (
-			SELECT u AS uid, CASE WHEN $6 = 'revision' THEN (SELECT i.rollout_id FROM rollout_intents i
-				WHERE i.instance_uid = u AND i.config = $4 AND i.revision = $5 AND i.hash = $3
-				ORDER BY i.id DESC LIMIT 1) END AS rollout_id
-			FROM unnest($1::text[]) AS u)
-		UPDATE agents a SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
-			desired_config_name = $4, desired_revision = $5, desired_source = $6, desired_rollout_id = src.rollout_id,
-			desired_by = CASE WHEN $6 = 'revision' THEN coalesce((SELECT r.created_by FROM rollouts r WHERE r.id = src.rollout_id), '') ELSE $7 END
-		FROM src WHERE a.instance_uid = src.uid`, uids, body, hash, src.config, src.rev, src.kind, src.by)
+	tag, err := q.Exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
+			desired_config_name = $4, desired_revision = $5, desired_source = $6, desired_rollout_id = $7, desired_by = $8
+		WHERE instance_uid = ANY($1)`, uids, body, hash, src.config, src.rev, src.kind, src.rollout, src.by)
 	if err != nil {
 		return 0, err
 	}
@@ -86,11 +77,19 @@ func writeDesired(ctx context.Context, q Querier, uids []string, body, hash stri
 }
 
 // SetDesiredRevision sets the desired config of uids to revision rev of
-// configuration config and notifies the replicas at the commit (a rollout
-// or the assignment of new agents, in its fenced transaction, after the
-// intents that record the command).
+// configuration config without a rollout (the assignment of new agents)
+// and notifies the replicas at the commit.
 func SetDesiredRevision(ctx context.Context, q Querier, uids []string, config string, rev Revision) error {
 	_, err := writeDesired(ctx, q, uids, rev.Content, rev.Hash, desiredWrite{kind: DesiredFromRevision, config: config, rev: rev.Revision})
+	return err
+}
+
+// SetDesiredRevisionBy is SetDesiredRevision for rollout rolloutID,
+// created by by: both are recorded as the source (a rollout's apply and
+// rollback, in its fenced transaction).
+func SetDesiredRevisionBy(ctx context.Context, q Querier, uids []string, config string, rev Revision, rolloutID int64, by string) error {
+	_, err := writeDesired(ctx, q, uids, rev.Content, rev.Hash,
+		desiredWrite{kind: DesiredFromRevision, config: config, rev: rev.Revision, rollout: &rolloutID, by: by})
 	return err
 }
 

@@ -15,7 +15,7 @@ import (
 
 // TestDesiredConfigWriter: the one writer of desired configs serves both
 // callers alike. A revision (SetDesiredRevision, rollouts) records the
-// configuration, the revision and the rollout whose intent sent it; a
+// configuration, the revision and the rollout that sent it; a
 // config pushed directly (SetDesiredConfigBy) records its author and
 // forgets the revision it replaced; a clear records no source; each
 // announces every agent at the commit and a refused write announces none.
@@ -54,19 +54,19 @@ func TestDesiredConfigWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// a1's command comes from rollout 1 (its intent is written first, in
-	// the same transaction as in the rollout engine), a2's is an assignment.
-	var rid int64
-	if err := s.Pool.QueryRow(ctx, `INSERT INTO rollouts (config, to_revision, spec, state, created_by)
-		VALUES ('c', 1, '{}', 'running', 'token rel') RETURNING id`).Scan(&rid); err != nil {
+	// Rollout 7 sends the revision to both; then a2 gets it by assignment.
+	rid := int64(7)
+	if err := SetDesiredRevisionBy(ctx, s.Pool, []string{"a1", "a2"}, "c", rev, rid, "token rel"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Pool.Exec(ctx, `INSERT INTO rollout_intents (rollout_id, instance_uid, config, wave, term, kind, revision, hash)
-		VALUES ($1, 'a1', 'c', 0, 1, 'apply', 1, $2), (NULL, 'a2', 'c', 0, 1, 'assign', 1, $2)`, rid, rev.Hash); err != nil {
+	if got := []string{next(), next()}; !slices.Equal(got, []string{"a1", "a2"}) {
+		t.Fatalf("notified %v, want a1, a2", got)
+	}
+	if err := SetDesiredRevision(ctx, s.Pool, []string{"a2"}, "c", rev); err != nil {
 		t.Fatal(err)
 	}
-	if err := SetDesiredRevision(ctx, s.Pool, []string{"a1", "a2"}, "c", rev); err != nil {
-		t.Fatal(err)
+	if got := next(); got != "a2" {
+		t.Fatalf("notified %q, want a2", got)
 	}
 	for uid, want := range map[string]DesiredSource{"a1": {Kind: DesiredFromRevision, Config: "c", Revision: 1, RolloutID: &rid, By: "token rel"},
 		"a2": {Kind: DesiredFromRevision, Config: "c", Revision: 1}} {
@@ -79,9 +79,6 @@ func TestDesiredConfigWriter(t *testing.T) {
 			(got.RolloutID == nil) != (want.RolloutID == nil) || (got.RolloutID != nil && *got.RolloutID != rid) || time.Since(got.At) > time.Minute {
 			t.Errorf("%s: source %+v, want %+v", uid, got, want)
 		}
-	}
-	if got := []string{next(), next()}; !slices.Equal(got, []string{"a1", "a2"}) {
-		t.Fatalf("notified %v, want a1, a2", got)
 	}
 	a, err := AgentAssignment(ctx, s.Pool, "a2")
 	if err != nil || a.DesiredConfig != "c" || a.DesiredRevision != rev.Revision || a.DesiredHash != rev.Hash {
