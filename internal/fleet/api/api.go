@@ -368,9 +368,12 @@ func ParseFilter(q map[string][]string) (store.Filter, error) {
 		}
 		return ""
 	}
-	f := store.Filter{Status: get("status"), Replica: get("replica"), After: get("after")}
+	f := store.Filter{Status: get("status"), Replica: get("replica"), After: get("after"), BridgeID: get("bridge_id"), Role: get("role")}
 	if f.Status != "" && f.Status != "online" && f.Status != "offline" {
 		return f, errors.New("status: must be online or offline")
+	}
+	if f.Role != "" && !store.IsSessionRole(f.Role) {
+		return f, fmt.Errorf("role: %q: must be one of %s", f.Role, strings.Join(store.SessionRoles, ", "))
 	}
 	if l := get("limit"); l != "" {
 		n, err := strconv.Atoi(l)

@@ -313,6 +313,11 @@ type Filter struct {
 	// Selector is a label selector on the attributes: key=value pairs that
 	// must all match.
 	Selector map[string]string
+	// BridgeID keeps the bridges that report this bridge id (the two
+	// processes of a pair); Role those that report a session in this role
+	// (one of SessionRoles). Both are evaluated in SQL, with an index each.
+	BridgeID string
+	Role     string
 	// After is the paging cursor: the last instance uid of the previous page.
 	After string
 	Limit int
@@ -354,6 +359,18 @@ func (s *Store) ListAgents(ctx context.Context, f Filter) ([]Agent, string, erro
 	if len(f.Selector) > 0 {
 		args = append(args, f.Selector)
 		where = append(where, fmt.Sprintf("attrs @> $%d", len(args)))
+	}
+	if f.BridgeID != "" {
+		args = append(args, f.BridgeID)
+		where = append(where, fmt.Sprintf("%s = $%d", BridgeIDSQL, len(args)))
+	}
+	if f.Role != "" {
+		if !IsSessionRole(f.Role) {
+			return nil, "", fmt.Errorf("role: %q: must be one of %s", f.Role, strings.Join(SessionRoles, ", "))
+		}
+		// A constant, so that the planner uses the role's partial index
+		// (migration 00067) also with a cached statement.
+		where = append(where, SessionRoleSQL(f.Role))
 	}
 	args = append(args, f.Limit+1)
 	rows, err := s.Pool.Query(ctx, "SELECT "+agentCols+" FROM agents WHERE "+strings.Join(where, " AND ")+
