@@ -75,6 +75,27 @@ type Session struct {
 	// ProtocolVersion is the MQTT version the session speaks: 5 (default)
 	// or 3.1.1.
 	ProtocolVersion string `yaml:"protocol_version"`
+	// LeaseKeys of an exclusive session: every route of the session
+	// inherits them.
+	LeaseKeys `yaml:",inline"`
+}
+
+// LeaseKeys are the keys of an exclusive session's lease policy (the
+// session block of the spec). A session declares them for all its routes;
+// a route declares one to override the session's (the routes of a session
+// must still resolve to the same policy).
+type LeaseKeys struct {
+	LeaseTTL             string `yaml:"lease_ttl"`
+	RenewInterval        string `yaml:"renew_interval"`
+	LeaseRenewJitter     string `yaml:"lease_renew_jitter"`
+	RenewCallTimeout     string `yaml:"renew_call_timeout"`
+	AcquirePollInterval  string `yaml:"acquire_poll_interval"`
+	MaxRenewFails        int    `yaml:"max_renew_fails"`
+	StepDownGrace        string `yaml:"step_down_grace"`
+	ConnectAfterLease    *bool  `yaml:"connect_after_lease"`
+	FailoverSLO          string `yaml:"failover_slo"`
+	BrokerHealthStepDown string `yaml:"broker_health_step_down"`
+	StartupAllowance     string `yaml:"startup_allowance"`
 }
 
 // TLS configures a client TLS connection.
@@ -161,8 +182,9 @@ type FileSender struct {
 	Path string `yaml:"path"`
 }
 
-// Route takes one receiver to its senders. The lease keys are the session
-// block of the spec; they apply when the receiver's session is exclusive.
+// Route takes one receiver to its senders. The lease keys apply when the
+// receiver's session is exclusive; those the route omits are the
+// session's.
 type Route struct {
 	ID          string   `yaml:"id"`
 	Receiver    string   `yaml:"receiver"`
@@ -180,17 +202,7 @@ type Route struct {
 	// routing.RouteConfig.LoopPeer).
 	LoopPeer string `yaml:"loop_peer"`
 
-	LeaseTTL             string `yaml:"lease_ttl"`
-	RenewInterval        string `yaml:"renew_interval"`
-	LeaseRenewJitter     string `yaml:"lease_renew_jitter"`
-	RenewCallTimeout     string `yaml:"renew_call_timeout"`
-	AcquirePollInterval  string `yaml:"acquire_poll_interval"`
-	MaxRenewFails        int    `yaml:"max_renew_fails"`
-	StepDownGrace        string `yaml:"step_down_grace"`
-	ConnectAfterLease    *bool  `yaml:"connect_after_lease"`
-	FailoverSLO          string `yaml:"failover_slo"`
-	BrokerHealthStepDown string `yaml:"broker_health_step_down"`
-	StartupAllowance     string `yaml:"startup_allowance"`
+	LeaseKeys `yaml:",inline"`
 	// PeakMessageRate is the route's peak message rate (msg/s), for the
 	// queue-room admission of its exclusive session.
 	PeakMessageRate float64 `yaml:"peak_message_rate"`

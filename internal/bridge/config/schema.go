@@ -569,21 +569,47 @@ func lookup(v reflect.Value, key string) (reflect.Value, bool) {
 			v = v.Elem()
 		}
 		i := fieldIndex(v.Type(), part)
-		if i < 0 {
+		if i == nil {
 			panic(fmt.Sprintf("config: %s has no field tagged %q", v.Type(), part))
 		}
-		v = v.Field(i)
+		v = v.FieldByIndex(i)
 	}
 	return v, true
 }
 
-func fieldIndex(t reflect.Type, tag string) int {
+// fieldIndex is the index path of the field tagged tag, also inside an
+// embedded struct tagged ",inline" (LeaseKeys); nil when there is none.
+func fieldIndex(t reflect.Type, tag string) []int {
 	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); name == tag {
-			return i
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == tag && tag != "" {
+			return []int{i}
+		}
+		if name == "" && opts == "inline" && f.Type.Kind() == reflect.Struct {
+			if sub := fieldIndex(f.Type, tag); sub != nil {
+				return append([]int{i}, sub...)
+			}
 		}
 	}
-	return -1
+	return nil
+}
+
+// yamlTags lists the keys of a raw type, those of its inline structs
+// included.
+func yamlTags(t reflect.Type) []string {
+	var tags []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case name == "" && opts == "inline":
+			tags = append(tags, yamlTags(f.Type)...)
+		case name != "" && name != "-":
+			tags = append(tags, name)
+		}
+	}
+	return tags
 }
 
 // rawValue reports whether a raw field was written and its value: a

@@ -19,19 +19,14 @@ func checkTable(t *testing.T, tab *Table, typ reflect.Type, path string) {
 	for typ.Kind() == reflect.Pointer {
 		typ = typ.Elem()
 	}
-	var tags []string
-	for i := range typ.NumField() {
-		if tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ","); tag != "" && tag != "-" {
-			tags = append(tags, tag)
-		}
-	}
+	tags := yamlTags(typ)
 	slices.Sort(tags)
 	if keys := tab.keys(); !slices.Equal(keys, tags) {
 		t.Errorf("%s: table keys %v, raw type %s has %v", orRoot(path), keys, typ, tags)
 		return
 	}
 	for _, k := range tags {
-		ft := typ.Field(fieldIndex(typ, k)).Type
+		ft := typ.FieldByIndex(fieldIndex(typ, k)).Type
 		p := join(path, k)
 		row, sub, _ := tab.child(k, p)
 		switch {

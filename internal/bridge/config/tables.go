@@ -1,9 +1,11 @@
 package config
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
+	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
 	"github.com/myriarch/myriarch/internal/godur"
@@ -61,7 +63,7 @@ var tlsTable = Table{Name: "tls", Rows: []Row{
 
 var protocolVersionRule = Rule{OneOf: []string{MQTT5, MQTT311}, Says: "must be 5 or 3.1.1 (the MQTT version to speak to the broker)"}
 
-var sessionTable = Table{Name: "sessions[]", Rows: []Row{
+var sessionTable = Table{Name: "sessions[]", Rows: slices.Concat([]Row{
 	{Key: "id", To: verbatim(func(s *sessionIn) *string { return &s.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "session name"},
 	{Key: "transport", Kind: String, Default: "mqtt", Rule: Rule{OneOf: []string{"mqtt"}}, Meaning: "only MQTT (Eclipse Paho)"},
 	{Key: "protocol_version", To: to(func(s *sessionIn) *string { return &s.ProtocolVersion }), Kind: String, Default: MQTT5, Rule: protocolVersionRule,
@@ -95,7 +97,7 @@ var sessionTable = Table{Name: "sessions[]", Rows: []Row{
 	{Key: "broker_max_queued_messages", To: opt(func(s *sessionIn) **int { return &s.maxQueued }), Kind: Int, DefaultDoc: "not declared (1000 assumed when a route declares `peak_message_rate`)",
 		Rule:    Rule{Min: "0", Says: "must be 0 (the broker queues without limit) or a positive number of messages"},
 		Meaning: "the broker's per-session queue limit (0 = unlimited); an exclusive session's queue must hold `messages_at_risk`, see \"Queue room\""},
-}}
+}, leaseKeyRows(func(s *sessionIn) *failover.SessionPolicy { return &s.policy }, func(s *sessionIn) *bool { return &s.connectAfterLease }, true))}
 
 var receiverTable = Table{Name: "receivers[]", Rows: []Row{
 	{Key: "id", To: verbatim(func(r *ReceiverSettings) *string { return &r.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "receiver name"},
@@ -170,7 +172,7 @@ var fileSenderTable = Table{Name: "file", SenderType: senderFile, Rows: []Row{
 	{Key: "path", To: verbatim(func(s *FileSenderSettings) *string { return &s.Path }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "JSON lines are appended here"},
 }}
 
-var routeTable = Table{Name: "routes[]", Rows: []Row{
+var routeTable = Table{Name: "routes[]", Rows: slices.Concat([]Row{
 	{Key: "id", To: verbatim(func(r *routeIn) *string { return &r.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "route name"},
 	{Key: "receiver", To: verbatim(func(r *routeIn) *string { return &r.Receiver }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "where messages come from"},
 	{Key: "senders", To: verbatim(func(r *routeIn) *[]string { return &r.Senders }), Kind: Strings, Rule: Rule{Required: "at least one sender is required"}, Meaning: "where they go; a message is acknowledged when every sender accepted it"},
@@ -184,21 +186,10 @@ var routeTable = Table{Name: "routes[]", Rows: []Row{
 		Meaning: "the route of the opposite direction between the same two brokers; the two must name each other and deliver only to MQTT 5 `mqtt` senders; each stamps what it publishes and drops what its peer published, so that the pair does not echo (see \"MQTT features\")"},
 	{Key: "max_in_flight", To: to(func(r *routeIn) *int { return &r.MaxInFlight }), Kind: Int, Default: strconv.Itoa(DefaultMaxInFlight), Rule: Rule{Min: "1", Max: strconv.Itoa(1 << 20)},
 		Meaning: "messages the route holds; a full route stops intake (backpressure)"},
-	{Key: "lease_ttl", To: to(func(r *routeIn) *time.Duration { return &r.policy.Lease.LeaseTTL }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "baseline of `deployment_mode`", Meaning: "exclusive sessions only: the lease's time to live (see `docs/failover-budget.md`)"},
-	{Key: "renew_interval", To: to(func(r *routeIn) *time.Duration { return &r.policy.Lease.RenewInterval }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the lease cadence"},
-	{Key: "lease_renew_jitter", To: to(func(r *routeIn) *time.Duration { return &r.policy.Lease.LeaseRenewJitter }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the lease cadence"},
-	{Key: "renew_call_timeout", To: to(func(r *routeIn) *time.Duration { return &r.policy.Lease.RenewCallTimeout }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the lease cadence"},
-	{Key: "acquire_poll_interval", To: to(func(r *routeIn) *time.Duration { return &r.policy.Lease.AcquirePollInterval }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "derived", Meaning: "exclusive sessions only: the standby's poll"},
-	{Key: "max_renew_fails", To: to(func(r *routeIn) *int { return &r.policy.Lease.MaxRenewFails }), ExclusiveOnly: true, Kind: Int, DefaultDoc: "baseline of `deployment_mode`", Rule: Rule{Min: "0"}, Meaning: "exclusive sessions only: the lease cadence"},
-	{Key: "step_down_grace", To: to(func(r *routeIn) *time.Duration { return &r.policy.Lease.StepDownGrace }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "baseline of `deployment_mode`", Meaning: "exclusive sessions only: below `lease_ttl`"},
-	{Key: "connect_after_lease", To: to(func(r *routeIn) *bool { return &r.connectAfterLease }), ExclusiveOnly: true, Kind: Bool, Default: "true", Meaning: "exclusive sessions only: the session connects only while it holds the lease; `false` is refused"},
-	{Key: "failover_slo", To: to(func(r *routeIn) *time.Duration { return &r.policy.FailoverSLO }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: "none", Rule: Rule{Positive: true}, Meaning: "exclusive sessions only: the objective both failover budgets must fit"},
-	{Key: "broker_health_step_down", ExclusiveOnly: true, Kind: String, DefaultDoc: "omitted", Rule: Rule{Says: `must be "off" or a positive duration`},
-		Meaning: "exclusive sessions only: `off`, or how long an owner's broker path may stay lost before it releases the lease; must be answered when `failover_slo` is declared"},
-	{Key: "startup_allowance", To: to(func(r *routeIn) *time.Duration { return &r.policy.StartupAllowance }), ExclusiveOnly: true, Kind: Duration, Default: "0s", Meaning: "exclusive sessions only: added to both budgets, within [0s, 10m]"},
+}, leaseKeyRows(func(r *routeIn) *failover.SessionPolicy { return &r.policy }, func(r *routeIn) *bool { return &r.connectAfterLease }, false), []Row{
 	{Key: "peak_message_rate", To: to(func(r *routeIn) *float64 { return &r.PeakMessageRate }), ExclusiveOnly: true, Kind: Number, DefaultDoc: "not declared", Rule: Rule{Min: "0", Says: "must be a positive number of messages per second, or omitted"},
 		Meaning: "exclusive sessions only: the route's peak message rate (msg/s); admission refuses a broker queue smaller than rate × worst-case budget (see \"Queue room\")"},
-}}
+})}
 
 var mappingTable = Table{Name: "mappings[]", Rows: []Row{
 	{Key: "pattern", Kind: String, Rule: Rule{Required: "is required"}, Meaning: "topic filter below `source_prefix`"},
@@ -213,3 +204,35 @@ var opampTable = Table{Name: "opamp", Rows: []Row{
 	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "for `wss://` and `https://`, see `tls:`"},
 	{Key: "heartbeat_interval", To: to(func(s *OpAMPSettings) *time.Duration { return &s.HeartbeatInterval }), Kind: Duration, DefaultDoc: "opamp-go's 30s", Rule: Rule{Positive: true, Min: "1s", Says: "must be at least 1s"}, Meaning: "how often the agent reports when nothing changed"},
 }}
+
+// leaseKeyRows declares the keys of an exclusive session's lease policy
+// once, for the two objects that take them (raw LeaseKeys): a session,
+// whose routes inherit them, and a route, whose own value overrides the
+// session's. D is the object's destination, pol its policy and cal its
+// connect_after_lease.
+func leaseKeyRows[D any](pol func(*D) *failover.SessionPolicy, cal func(*D) *bool, session bool) []Row {
+	lease := func(field func(*failover.LeaseConfig) *time.Duration) *dest {
+		return to(func(d *D) *time.Duration { return field(&pol(d).Lease) })
+	}
+	def := func(doc string) string {
+		if session {
+			return doc
+		}
+		return "the session's, else " + doc
+	}
+	return []Row{
+		{Key: "lease_ttl", To: lease(func(l *failover.LeaseConfig) *time.Duration { return &l.LeaseTTL }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("baseline of `deployment_mode`"),
+			Meaning: "exclusive sessions only: the lease's time to live (see `docs/failover-budget.md`)"},
+		{Key: "renew_interval", To: lease(func(l *failover.LeaseConfig) *time.Duration { return &l.RenewInterval }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("derived"), Meaning: "exclusive sessions only: the lease cadence"},
+		{Key: "lease_renew_jitter", To: lease(func(l *failover.LeaseConfig) *time.Duration { return &l.LeaseRenewJitter }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("derived"), Meaning: "exclusive sessions only: the lease cadence"},
+		{Key: "renew_call_timeout", To: lease(func(l *failover.LeaseConfig) *time.Duration { return &l.RenewCallTimeout }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("derived"), Meaning: "exclusive sessions only: the lease cadence"},
+		{Key: "acquire_poll_interval", To: lease(func(l *failover.LeaseConfig) *time.Duration { return &l.AcquirePollInterval }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("derived"), Meaning: "exclusive sessions only: the standby's poll"},
+		{Key: "max_renew_fails", To: to(func(d *D) *int { return &pol(d).Lease.MaxRenewFails }), ExclusiveOnly: true, Kind: Int, DefaultDoc: def("baseline of `deployment_mode`"), Rule: Rule{Min: "0"}, Meaning: "exclusive sessions only: the lease cadence"},
+		{Key: "step_down_grace", To: lease(func(l *failover.LeaseConfig) *time.Duration { return &l.StepDownGrace }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("baseline of `deployment_mode`"), Meaning: "exclusive sessions only: below `lease_ttl`"},
+		{Key: "connect_after_lease", To: to(cal), ExclusiveOnly: true, Kind: Bool, Default: "true", DefaultDoc: def("`true`"), Meaning: "exclusive sessions only: the session connects only while it holds the lease; `false` is refused"},
+		{Key: "failover_slo", To: to(func(d *D) *time.Duration { return &pol(d).FailoverSLO }), ExclusiveOnly: true, Kind: Duration, DefaultDoc: def("none"), Rule: Rule{Positive: true}, Meaning: "exclusive sessions only: the objective both failover budgets must fit"},
+		{Key: "broker_health_step_down", ExclusiveOnly: true, Kind: String, DefaultDoc: def("omitted"), Rule: Rule{Says: `must be "off" or a positive duration`},
+			Meaning: "exclusive sessions only: `off`, or how long an owner's broker path may stay lost before it releases the lease; must be answered when `failover_slo` is declared"},
+		{Key: "startup_allowance", To: to(func(d *D) *time.Duration { return &pol(d).StartupAllowance }), ExclusiveOnly: true, Kind: Duration, Default: "0s", DefaultDoc: def("`0s`"), Meaning: "exclusive sessions only: added to both budgets, within [0s, 10m]"},
+	}
+}

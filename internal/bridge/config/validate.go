@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,9 +18,14 @@ import (
 )
 
 type validator struct {
-	file     string
-	lines    map[string]int
-	problems Problems
+	// inheritable is, by session index, the lease keys that the session
+	// declares for its routes; inherited is, by route index, each lease
+	// key the route took from its session, with the session's index.
+	inheritable []map[string]bool
+	inherited   []map[string]int
+	file        string
+	lines       map[string]int
+	problems    Problems
 	// sender is the id and type of the sender being walked, for the
 	// problem of a key that belongs to another sender type.
 	sender [2]string
@@ -170,7 +176,8 @@ func (v *validator) validate(f *File) *Config {
 	v.receivers(f, cfg)
 	v.senders(f, cfg)
 	v.routes(f, cfg)
-	v.admit(cfg)
+	v.admit(f, cfg)
+	v.relocate()
 	return cfg
 }
 
@@ -236,14 +243,19 @@ type sessionIn struct {
 	SessionSettings
 	expiry    *time.Duration // session_expiry_interval
 	maxQueued *int           // broker_max_queued_messages
+	// policy and connectAfterLease hold the lease keys declared on the
+	// session (LeaseKeys), checked here and inherited by its routes.
+	policy            failover.SessionPolicy
+	connectAfterLease bool
 }
 
 // given reports whether a raw string key was written (see rawValue).
 func given(s string) bool { return strings.TrimSpace(s) != "" }
 
 func (v *validator) sessions(f *File, cfg *Config) {
-	cfg.Sessions = objects(v, "sessions", f.Sessions, &sessionTable, func(p string, r *Session, in *sessionIn, _ values) SessionSettings {
+	cfg.Sessions = objects(v, "sessions", f.Sessions, &sessionTable, func(p string, r *Session, in *sessionIn, vs values) SessionSettings {
 		s := in.SessionSettings
+		v.sessionLease(p, r, in, vs)
 		v311 := s.ProtocolVersion == MQTT311
 		switch r.ClientIDSuffix {
 		case "instance":
@@ -305,6 +317,91 @@ func (v *validator) sessions(f *File, cfg *Config) {
 		s.ConnectAfterLease = true
 		return s
 	})
+}
+
+// sessionLease checks the lease keys declared on a session and records
+// those its routes inherit: the ones written and accepted, on an exclusive
+// session (on another session each is refused, like on its routes).
+func (v *validator) sessionLease(p string, r *Session, in *sessionIn, vs values) {
+	inherit := map[string]bool{}
+	v.inheritable = append(v.inheritable, inherit)
+	for i := range sessionTable.Rows {
+		k := &sessionTable.Rows[i]
+		if !k.ExclusiveOnly || !vs.given(k) {
+			continue
+		}
+		switch {
+		case in.Mode != Exclusive:
+			v.add(p+"."+k.Key, asWritten(vs.written(k)), "applies only to exclusive sessions; session %q is %s", r.ID, in.Mode)
+		case k.Key == "broker_health_step_down":
+			if _, err := failover.ParseBrokerHealthStepDown(r.BrokerHealthStepDown); err != nil {
+				v.failover(p, err)
+			} else {
+				inherit[k.Key] = true
+			}
+		case k.Key == "connect_after_lease" && !in.connectAfterLease:
+			v.add(p+".connect_after_lease", "false", "false is not supported: an exclusive session connects only after it holds the lease, so that two instances never consume its broker session at once")
+		case vs.accepted(k):
+			inherit[k.Key] = true
+		}
+	}
+}
+
+// inherit returns the raw routes with the lease keys that each route omits
+// taken from its receiver's session (those sessionLease accepted), and
+// records them in v.inherited, so that a problem of an inherited value is
+// reported where it is written: on the session.
+func (v *validator) inherit(f *File) []Route {
+	routes := slices.Clone(f.Routes)
+	v.inherited = make([]map[string]int, len(routes))
+	for i := range routes {
+		rt := &routes[i]
+		ri := slices.IndexFunc(f.Receivers, func(r Receiver) bool { return r.ID == rt.Receiver && r.ID != "" })
+		if ri < 0 {
+			continue
+		}
+		si := slices.IndexFunc(f.Sessions, func(s Session) bool { return s.ID == f.Receivers[ri].Session && s.ID != "" })
+		if si < 0 || si >= len(v.inheritable) {
+			continue
+		}
+		own := reflect.ValueOf(&rt.LeaseKeys).Elem()
+		sess := reflect.ValueOf(f.Sessions[si].LeaseKeys)
+		for key := range v.inheritable[si] {
+			idx := fieldIndex(own.Type(), key)
+			if written, _ := rawValue(own.FieldByIndex(idx), true); written {
+				continue
+			}
+			own.FieldByIndex(idx).Set(sess.FieldByIndex(idx))
+			if v.inherited[i] == nil {
+				v.inherited[i] = map[string]int{}
+			}
+			v.inherited[i][key] = si
+		}
+	}
+	return routes
+}
+
+// relocate moves each problem of an inherited lease key from the route to
+// the session that declares it, once per session and rule.
+func (v *validator) relocate() {
+	var out Problems
+	seen := map[Problem]bool{}
+	for _, pr := range v.problems {
+		var i int
+		var key string
+		if n, _ := fmt.Sscanf(pr.Path, "routes[%d].", &i); n == 1 && i < len(v.inherited) {
+			_, key, _ = strings.Cut(pr.Path, ".")
+			if si, ok := v.inherited[i][key]; ok {
+				pr.Path = fmt.Sprintf("sessions[%d].%s", si, key)
+				pr.Line = v.line(pr.Path)
+			}
+		}
+		if !seen[pr] {
+			seen[pr] = true
+			out = append(out, pr)
+		}
+	}
+	v.problems = out
 }
 
 // validFilter checks an MQTT topic filter, including $share/group/filter.
@@ -427,7 +524,7 @@ var leaseRows = func() []*Row {
 func (v *validator) routes(f *File, cfg *Config) {
 	connectAfter := map[string]*bool{}
 	connectAfterSrc := map[string]string{}
-	cfg.Routes = objects(v, "routes", f.Routes, &routeTable, func(p string, r *Route, in *routeIn, vs values) RouteSettings {
+	cfg.Routes = objects(v, "routes", v.inherit(f), &routeTable, func(p string, r *Route, in *routeIn, vs values) RouteSettings {
 		rs := in.RouteSettings
 		rs.Mappings = r.Mappings
 		recv := cfg.Receiver(r.Receiver)
@@ -574,18 +671,51 @@ func boolStr(b *bool) string {
 	return strconv.FormatBool(*b)
 }
 
+// overrides reports a divergence between a route that inherits a lease
+// key from its session and one that declares another value for it, at the
+// declaring route's key; false for another divergence.
+func (v *validator) overrides(f *File, d failover.Divergence, routeBySource map[string]int) bool {
+	key, _, _ := strings.Cut(failover.RenameWords(d.Input, leasemode.Keys), " ")
+	a, okA := routeBySource[d.First]
+	b, okB := routeBySource[d.Other]
+	if !okA || !okB || a >= len(v.inherited) || b >= len(v.inherited) {
+		return false
+	}
+	si, inhA := v.inherited[a][key]
+	decl, heir := b, a
+	if _, inhB := v.inherited[b][key]; inhA == inhB {
+		return false
+	} else if inhB {
+		si = v.inherited[b][key]
+		decl, heir = a, b
+	}
+	raw, ok := lookup(reflect.ValueOf(f.Routes[decl]), key)
+	if !ok {
+		return false
+	}
+	_, written := rawValue(raw, true)
+	_, sessVal := rawValue(reflect.ValueOf(f.Sessions[si].LeaseKeys).FieldByIndex(fieldIndex(reflect.TypeFor[LeaseKeys](), key)), true)
+	v.add(fmt.Sprintf("routes[%d].%s", decl, key), asWritten(written),
+		"differs from %s: %s of session %q, which routes[%d] %q inherits; the routes of a session must resolve to the same lease policy: declare it on the session alone, or alike on every route",
+		key, asWritten(sessVal), d.SessionID, heir, f.Routes[heir].ID)
+	return true
+}
+
 // admit canonicalizes and admits the exclusive sessions in one pass of
 // failover.Preflight: each route's refusals are reported with its paths,
 // then the divergences between routes of one session.
-func (v *validator) admit(cfg *Config) {
+func (v *validator) admit(f *File, cfg *Config) {
 	var inputs []failover.SessionInput
 	var routeOf []int // input index → route index
+	routeBySource := map[string]int{}
 	for i, r := range cfg.Routes {
 		if r.Policy == nil {
 			continue
 		}
-		inputs = append(inputs, failover.SessionInput{Source: fmt.Sprintf("routes[%d] %q", i, r.ID), SessionID: r.Session, Policy: *r.Policy})
+		src := fmt.Sprintf("routes[%d] %q", i, r.ID)
+		inputs = append(inputs, failover.SessionInput{Source: src, SessionID: r.Session, Policy: *r.Policy})
 		routeOf = append(routeOf, i)
+		routeBySource[src] = i
 	}
 	pf := failover.Preflight(inputs)
 	results := slices.Clone(pf.Sources)
@@ -608,6 +738,9 @@ func (v *validator) admit(cfg *Config) {
 		}
 	}
 	for _, d := range pf.Divergences {
+		if v.overrides(f, d, routeBySource) {
+			continue
+		}
 		v.problems = append(v.problems, Problem{File: v.file, Rule: failover.RenameWords(d.Error(), leasemode.Keys)})
 	}
 	canon := pf.Sessions

@@ -368,9 +368,12 @@ func ParseFilter(q map[string][]string) (store.Filter, error) {
 		}
 		return ""
 	}
-	f := store.Filter{Status: get("status"), Replica: get("replica"), After: get("after")}
+	f := store.Filter{Status: get("status"), Replica: get("replica"), After: get("after"), BridgeID: get("bridge_id"), Role: get("role")}
 	if f.Status != "" && f.Status != "online" && f.Status != "offline" {
 		return f, errors.New("status: must be online or offline")
+	}
+	if f.Role != "" && !store.IsSessionRole(f.Role) {
+		return f, fmt.Errorf("role: %q: must be one of %s", f.Role, strings.Join(store.SessionRoles, ", "))
 	}
 	if l := get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
@@ -479,7 +482,7 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	hash, err := a.o.Store.SetDesiredConfig(r.Context(), uid, req.Config)
+	hash, err := a.o.Store.SetDesiredConfigBy(r.Context(), uid, req.Config, "token "+TokenName(r.Context()))
 	if errors.Is(err, store.ErrNotFound) {
 		writeErr(w, http.StatusNotFound, "no agent "+uid)
 		return

@@ -600,7 +600,7 @@ func (s *stepper) send(ctx context.Context, kind string, rev store.Revision, uid
 		SELECT $1, u, $8, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, r.Wave, s.term, kind, rev.Revision, rev.Hash, r.Config); err != nil {
 		return err
 	}
-	return store.SetDesiredRevision(ctx, s.tx, uids, r.Config, rev)
+	return store.SetDesiredRevisionBy(ctx, s.tx, uids, r.Config, rev, r.ID, r.CreatedBy)
 }
 
 // gate opens the next wave when the current one is done and baked.

@@ -46,15 +46,22 @@ func CapabilityNames(caps uint64) []string {
 }
 
 // MarshalJSON adds capability_names to the stored fields, so that the API
-// shows capabilities by name next to the raw bit set. A struct that embeds
-// Agent anonymously inherits this method and marshals as an Agent alone:
-// give the field a name.
+// shows capabilities by name next to the raw bit set, and a bridge's
+// bridge_id and session roles ("" and [] for other agents). A struct that
+// embeds Agent anonymously inherits this method and marshals as an Agent
+// alone: give the field a name.
 func (a Agent) MarshalJSON() ([]byte, error) {
 	type plain Agent
+	roles := a.Roles()
+	if roles == nil {
+		roles = []string{}
+	}
 	return json.Marshal(struct {
 		plain
 		CapabilityNames []string `json:"capability_names"`
-	}{plain(a), CapabilityNames(a.Capabilities)})
+		BridgeID        string   `json:"bridge_id"`
+		Roles           []string `json:"roles"`
+	}{plain(a), CapabilityNames(a.Capabilities), a.BridgeID(), roles})
 }
 
 // ConnectedHTTP is Connected for a plain-HTTP agent (connection id

@@ -18,16 +18,55 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/eventbus"
 )
 
+// Kinds of DesiredSource.
+const (
+	// DesiredFromRevision: a revision of a named configuration, sent by a
+	// rollout or given to a new agent.
+	DesiredFromRevision = "revision"
+	// DesiredDirect: a config pushed directly to the agent
+	// (PUT /api/v1/agents/{uid}/config).
+	DesiredDirect = "direct"
+)
+
+// DesiredSource is where an agent's desired config came from, as recorded
+// when it was written. An agent without a desired config, or whose desired
+// config was cleared, has none (nil).
+type DesiredSource struct {
+	// Kind is DesiredFromRevision or DesiredDirect.
+	Kind string `json:"kind"`
+	// Config and Revision name the revision (kind revision).
+	Config   string `json:"config,omitempty"`
+	Revision int    `json:"revision,omitempty"`
+	// RolloutID is the rollout that sent the revision; absent when the
+	// revision was given to a new agent without a rollout.
+	RolloutID *int64 `json:"rollout_id,omitempty"`
+	// By is who wrote it: for a direct push the API token ("token NAME"),
+	// for a rollout whoever created the rollout.
+	By string `json:"by"`
+	// At is when the desired config was written.
+	At time.Time `json:"at"`
+}
+
+// desiredWrite says what a write of desired configs records as their
+// source.
+type desiredWrite struct {
+	kind    string // "" (cleared), DesiredFromRevision or DesiredDirect
+	config  string
+	rev     int
+	rollout *int64
+	by      string
+}
+
 // writeDesired is the one writer of agents' desired configs: it sets the
-// desired config of uids to body with its hash and notifies every replica
-// (NotifyChannel, payload the uid) at the commit. A revision of a named
-// configuration (name non-nil) is recorded with it; a config set directly
-// on an agent (name nil) leaves the recorded name and revision as they
-// were. It returns how many agents it updated.
-func writeDesired(ctx context.Context, q Querier, uids []string, body, hash string, name *string, revision *int) (int64, error) {
+// desired config of uids to body with its hash, records its source, and
+// notifies every replica (NotifyChannel, payload the uid) at the commit.
+// A direct push or a clear forgets the configuration and revision it
+// replaced, so that nothing shows a revision that the agent no longer
+// runs. It returns how many agents it updated.
+func writeDesired(ctx context.Context, q Querier, uids []string, body, hash string, src desiredWrite) (int64, error) {
 	tag, err := q.Exec(ctx, `UPDATE agents SET desired_config = $2, desired_config_hash = $3, desired_config_at = now(),
-		desired_config_name = coalesce($4, desired_config_name), desired_revision = coalesce($5, desired_revision)
-		WHERE instance_uid = ANY($1)`, uids, body, hash, name, revision)
+			desired_config_name = $4, desired_revision = $5, desired_source = $6, desired_rollout_id = $7, desired_by = $8
+		WHERE instance_uid = ANY($1)`, uids, body, hash, src.config, src.rev, src.kind, src.rollout, src.by)
 	if err != nil {
 		return 0, err
 	}
@@ -38,10 +77,19 @@ func writeDesired(ctx context.Context, q Querier, uids []string, body, hash stri
 }
 
 // SetDesiredRevision sets the desired config of uids to revision rev of
-// configuration config and notifies the replicas at the commit (a rollout
-// or the assignment of new agents, in its fenced transaction).
+// configuration config without a rollout (the assignment of new agents)
+// and notifies the replicas at the commit.
 func SetDesiredRevision(ctx context.Context, q Querier, uids []string, config string, rev Revision) error {
-	_, err := writeDesired(ctx, q, uids, rev.Content, rev.Hash, &config, &rev.Revision)
+	_, err := writeDesired(ctx, q, uids, rev.Content, rev.Hash, desiredWrite{kind: DesiredFromRevision, config: config, rev: rev.Revision})
+	return err
+}
+
+// SetDesiredRevisionBy is SetDesiredRevision for rollout rolloutID,
+// created by by: both are recorded as the source (a rollout's apply and
+// rollback, in its fenced transaction).
+func SetDesiredRevisionBy(ctx context.Context, q Querier, uids []string, config string, rev Revision, rolloutID int64, by string) error {
+	_, err := writeDesired(ctx, q, uids, rev.Content, rev.Hash,
+		desiredWrite{kind: DesiredFromRevision, config: config, rev: rev.Revision, rollout: &rolloutID, by: by})
 	return err
 }
 

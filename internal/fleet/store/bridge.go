@@ -16,6 +16,35 @@ const (
 	RoleStandby = "standby"
 )
 
+// SessionRoles are the roles a myriarch-bridge reports for a session
+// (the bridge's runtime.SessionStatus.Role): owner and standby of an
+// exclusive session, active for a non-exclusive one, stopped.
+var SessionRoles = []string{RoleOwner, RoleStandby, "active", "stopped"}
+
+// IsSessionRole reports whether r is one of SessionRoles.
+func IsSessionRole(r string) bool { return slices.Contains(SessionRoles, r) }
+
+// SQL expressions over the agents table, for filters and orders that must
+// run in the database (a page of a large fleet never loads every row):
+// BridgeIDSQL is Agent.BridgeID and SessionRolesSQL is Agent.Roles (a
+// text[] column that a trigger keeps from the health report with the SQL
+// twin of BridgeSessions, migration 00067, which indexes both).
+// TestSessionRolesSQLMatchesGo holds the two parsers together.
+const (
+	BridgeIDSQL     = `(non_identifying->>'` + BridgeIDAttribute + `')`
+	SessionRolesSQL = `session_roles`
+)
+
+// SessionRoleSQL is the condition "the agent reports a session in role"
+// for one of SessionRoles (checked: it panics on another), with the role
+// as a constant, the predicate of the role's partial index in uid order.
+func SessionRoleSQL(role string) string {
+	if !IsSessionRole(role) {
+		panic("store: not a session role: " + role)
+	}
+	return SessionRolesSQL + ` @> '{` + role + `}'`
+}
+
 // BridgeSession is one session of a myriarch-bridge, from the health
 // component "session/<id>" that the bridge reports: its status is
 // space-separated key=value pairs (the bridge's opamp.SessionStatusText).

@@ -191,7 +191,8 @@ type Assignment struct {
 	Config   string   `json:"config"`
 	Matching []string `json:"matching"`
 	// DesiredConfig and DesiredRevision name the revision the agent should
-	// run (empty/0 for a config set directly on the agent, or none).
+	// run (empty/0 for a config pushed directly to the agent, cleared, or
+	// none).
 	DesiredConfig      string `json:"desired_config"`
 	DesiredRevision    int    `json:"desired_revision"`
 	DesiredHash        string `json:"desired_hash"`

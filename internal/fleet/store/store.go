@@ -119,19 +119,31 @@ type Agent struct {
 	LastSeen           time.Time         `json:"last_seen"`
 	DesiredConfig      string            `json:"desired_config"`
 	DesiredConfigHash  string            `json:"desired_config_hash"`
+	// DesiredSource is where the desired config came from (nil: none).
+	DesiredSource *DesiredSource `json:"desired_source"`
 }
 
 const agentCols = `instance_uid, identifying, non_identifying, healthy, health, effective_config, remote_config_status,
 	remote_config_hash, remote_config_error, package_statuses, capabilities, status, replica_id, first_seen, last_seen,
-	desired_config, desired_config_hash`
+	desired_config, desired_config_hash, desired_source, desired_config_name, desired_revision, desired_rollout_id, desired_by,
+	desired_config_at`
 
 func scanAgent(r pgx.Row) (Agent, error) {
 	var a Agent
 	var caps int64
+	var src DesiredSource
+	var at *time.Time
 	err := r.Scan(&a.InstanceUID, &a.Identifying, &a.NonIdentifying, &a.Healthy, &a.Health, &a.EffectiveConfig,
 		&a.RemoteConfigStatus, &a.RemoteConfigHash, &a.RemoteConfigError, &a.PackageStatuses, &caps, &a.Status,
-		&a.ReplicaID, &a.FirstSeen, &a.LastSeen, &a.DesiredConfig, &a.DesiredConfigHash)
+		&a.ReplicaID, &a.FirstSeen, &a.LastSeen, &a.DesiredConfig, &a.DesiredConfigHash,
+		&src.Kind, &src.Config, &src.Revision, &src.RolloutID, &src.By, &at)
 	a.Capabilities = uint64(caps)
+	if src.Kind != "" {
+		if at != nil {
+			src.At = *at
+		}
+		a.DesiredSource = &src
+	}
 	return a, err
 }
 
@@ -301,6 +313,11 @@ type Filter struct {
 	// Selector is a label selector on the attributes: key=value pairs that
 	// must all match.
 	Selector map[string]string
+	// BridgeID keeps the bridges that report this bridge id (the two
+	// processes of a pair); Role those that report a session in this role
+	// (one of SessionRoles). Both are evaluated in SQL, with an index each.
+	BridgeID string
+	Role     string
 	// After is the paging cursor: the last instance uid of the previous page.
 	After string
 	Limit int
@@ -342,6 +359,18 @@ func (s *Store) ListAgents(ctx context.Context, f Filter) ([]Agent, string, erro
 	if len(f.Selector) > 0 {
 		args = append(args, f.Selector)
 		where = append(where, fmt.Sprintf("attrs @> $%d", len(args)))
+	}
+	if f.BridgeID != "" {
+		args = append(args, f.BridgeID)
+		where = append(where, fmt.Sprintf("%s = $%d", BridgeIDSQL, len(args)))
+	}
+	if f.Role != "" {
+		if !IsSessionRole(f.Role) {
+			return nil, "", fmt.Errorf("role: %q: must be one of %s", f.Role, strings.Join(SessionRoles, ", "))
+		}
+		// A constant, so that the planner uses the role's partial index
+		// (migration 00067) also with a cached statement.
+		where = append(where, SessionRoleSQL(f.Role))
 	}
 	args = append(args, f.Limit+1)
 	rows, err := s.Pool.Query(ctx, "SELECT "+agentCols+" FROM agents WHERE "+strings.Join(where, " AND ")+
@@ -407,11 +436,23 @@ func ConfigHash(body string) string {
 }
 
 // SetDesiredConfig stores the remote config of an agent and notifies every
-// replica in the same transaction.
+// replica in the same transaction; it records no author
+// (SetDesiredConfigBy).
 func (s *Store) SetDesiredConfig(ctx context.Context, uid, body string) (string, error) {
+	return s.SetDesiredConfigBy(ctx, uid, body, "")
+}
+
+// SetDesiredConfigBy is SetDesiredConfig recording by (who pushed it,
+// "token NAME" for the API) as the author of a direct push. An empty body
+// clears the desired config: the agent then has no DesiredSource.
+func (s *Store) SetDesiredConfigBy(ctx context.Context, uid, body, by string) (string, error) {
 	hash := ConfigHash(body)
+	src := desiredWrite{kind: DesiredDirect, by: by}
+	if body == "" {
+		src.kind = ""
+	}
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		n, err := writeDesired(ctx, tx, []string{uid}, body, hash, nil, nil)
+		n, err := writeDesired(ctx, tx, []string{uid}, body, hash, src)
 		if err == nil && n == 0 {
 			return ErrNotFound // and the rollback takes back the notification
 		}

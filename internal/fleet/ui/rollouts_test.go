@@ -165,7 +165,9 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	check("rollout list", list, "succeeded")
 	do(chromedp.Navigate(base+"/ui/agents/"+ags[0].UIDString()), chromedp.WaitVisible(q("#assignment")))
 	check("assigned", text("#assigned-config"), "gateway")
-	waitText(base+"/ui/agents/"+ags[0].UIDString(), "#desired-revision", "gateway revision 1 · applied")
+	// Back on revision 1 by the rollback of the second rollout.
+	desired := waitText(base+"/ui/agents/"+ags[0].UIDString(), "#desired-revision", "· applied")
+	check("desired", desired, "gateway revision 1 by rollout ")
 	check("intents", text("#intents"), "apply")
 	bcancel()
 	acancel()

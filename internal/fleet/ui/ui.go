@@ -228,15 +228,17 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 type agentsData struct {
 	Filter   store.Filter
 	Selector string
-	Agents   []store.Agent
-	Next     string
-	NextURL  string
-	Error    string
+	// Roles are the choices of the session role filter.
+	Roles   []string
+	Agents  []store.Agent
+	Next    string
+	NextURL string
+	Error   string
 }
 
 func (h *handler) agents(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := agentsData{Selector: q.Get("selector")}
+	d := agentsData{Selector: q.Get("selector"), Roles: store.SessionRoles}
 	f, err := api.ParseFilter(q)
 	d.Filter = f
 	if err != nil {
