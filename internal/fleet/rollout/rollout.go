@@ -524,27 +524,33 @@ func (s *stepper) run(ctx context.Context) error {
 			return err
 		}
 		if r.Spec.TooManyFailed(failed-r.FailedAck, planned) {
-			why := fmt.Sprintf("%d of %d agents failed (max_failed %d, max_failed_percent %g)", failed-r.FailedAck, planned,
-				r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
-			switch r.State = r.Spec.FailureState(r.FromRevision > 0); {
-			case r.State == StateRollingBack:
-				r.Reason = why + "; rolling back to revision " + fmt.Sprint(r.FromRevision)
-				return s.rollback(ctx)
-			case r.Spec.FailurePolicy == PolicyRollback:
-				r.Reason = why + "; paused: no revision to roll back to"
-			default:
-				r.Reason = why + "; paused (failure_policy pause)"
-			}
-			return nil
+			return s.fail(ctx, fmt.Sprintf("%d of %d agents failed (max_failed %d, max_failed_percent %g)", failed-r.FailedAck, planned,
+				r.Spec.MaxFailed, r.Spec.MaxFailedPercent))
 		}
 		if err := s.dispatch(ctx); err != nil {
 			return err
 		}
-		advanced, err := s.gate(ctx)
+		advanced, err := s.gate(ctx, failed > r.FailedAck)
 		if err != nil || !advanced || r.State != StateRunning {
 			return err
 		}
 	}
+}
+
+// fail applies the failure policy: roll back to the from revision, or
+// pause (policy pause, or nothing to roll back to).
+func (s *stepper) fail(ctx context.Context, why string) error {
+	r := s.r
+	switch r.State = r.Spec.FailureState(r.FromRevision > 0); {
+	case r.State == StateRollingBack:
+		r.Reason = why + "; rolling back to revision " + fmt.Sprint(r.FromRevision)
+		return s.rollback(ctx)
+	case r.Spec.FailurePolicy == PolicyRollback:
+		r.Reason = why + "; paused: no revision to roll back to"
+	default:
+		r.Reason = why + "; paused (failure_policy pause)"
+	}
+	return nil
 }
 
 // dispatch sends the revision to the next agents of the current wave.
@@ -603,23 +609,34 @@ func (s *stepper) send(ctx context.Context, kind string, rev store.Revision, uid
 	return store.SetDesiredRevision(ctx, s.tx, uids, r.Config, rev)
 }
 
-// gate opens the next wave when the current one is done and baked.
-func (s *stepper) gate(ctx context.Context) (bool, error) {
+// gate opens the next wave when the current one is done and baked, and at
+// least one of its agents held the revision (Spec.Gate). counting: the
+// rollout has failures that no resume acknowledged (those count against
+// a wave in which no agent held).
+func (s *stepper) gate(ctx context.Context, counting bool) (bool, error) {
 	r := s.r
-	var open, baking int
+	w := WaveTally{Wave: r.Wave}
 	if err := s.tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'in_progress')),
-			count(*) FILTER (WHERE state = 'applied' AND (healthy_since IS NULL OR healthy_since > now() - make_interval(secs => $3)))
-		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave, r.Spec.Bake().Seconds()).Scan(&open, &baking); err != nil {
+			count(*) FILTER (WHERE state = 'applied' AND (healthy_since IS NULL OR healthy_since > now() - make_interval(secs => $3))),
+			count(*) FILTER (WHERE state = 'applied' AND healthy_since <= now() - make_interval(secs => $3)),
+			count(*) FILTER (WHERE state = 'failed')
+		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave, r.Spec.Bake().Seconds()).Scan(&w.Open, &w.Baking, &w.Held, &w.Failed); err != nil {
 		return false, err
 	}
-	if open > 0 {
+	if !counting {
+		w.Failed = 0
+	}
+	if w.Open > 0 {
 		return false, nil
 	}
 	if _, err := s.exec(ctx, `UPDATE rollout_waves SET completed_at = now() WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL`, r.ID, r.Wave); err != nil {
 		return false, err
 	}
-	if baking > 0 {
+	switch v, why := r.Spec.Gate(w, "the revision"); v {
+	case GateWait:
 		return false, nil
+	case GateFail:
+		return false, s.fail(ctx, why)
 	}
 	if _, err := s.exec(ctx, `UPDATE rollout_waves SET gate_passed_at = now() WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave); err != nil {
 		return false, err

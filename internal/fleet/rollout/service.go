@@ -202,6 +202,10 @@ type WaveProgress struct {
 	StartedAt    *time.Time     `json:"started_at"`
 	CompletedAt  *time.Time     `json:"completed_at"`
 	GatePassedAt *time.Time     `json:"gate_passed_at"`
+	// Note reports what the gate let through: a wave whose gate passed
+	// with failed agents inside the allowance (max_failed,
+	// max_failed_percent) says so ("" otherwise).
+	Note string `json:"note,omitempty"`
 }
 
 // Done is the share of the wave's agents that are no longer pending or in
@@ -258,6 +262,10 @@ func (s Service) Detail(ctx context.Context, id int64, agentLimit int) (Detail, 
 		for k, v := range counts {
 			w.Counts[k] = v
 			d.Counts[k] += v
+		}
+		if n := w.Counts[AgentFailed]; n > 0 && w.GatePassedAt != nil {
+			w.Note = fmt.Sprintf("gate passed with %d failed agent(s) inside the allowance (max_failed %d, max_failed_percent %g)",
+				n, r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
 		}
 		d.WaveProgress = append(d.WaveProgress, w)
 		return nil

@@ -365,14 +365,14 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		return setState(ctx, tx, r, r.Spec.FailureState(true), reason)
 	}
 	// Send the pending agents of the current wave.
-	open, baked := false, true
+	w := rollout.WaveTally{Wave: r.Wave + 1}
 	for _, a := range ags {
 		if a.wave != r.Wave {
 			continue
 		}
 		switch a.state {
 		case AgentPending:
-			open = true
+			w.Open++
 			if r.Spec.Room(inProgress) <= 0 {
 				continue
 			}
@@ -388,6 +388,7 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 					if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, err.Error()); err != nil {
 						return err
 					}
+					w.Failed++
 					continue
 				}
 				return err
@@ -398,15 +399,23 @@ func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
 			}
 			inProgress++
 		case AgentInProgress:
-			open = true
+			w.Open++
 		case AgentInstalled:
-			if !r.Spec.Baked(a.installedAt, now) {
-				baked = false
+			if r.Spec.Baked(a.installedAt, now) {
+				w.Held++
+			} else {
+				w.Baking++
 			}
+		case AgentFailed:
+			w.Failed++
 		}
 	}
-	if open || !baked {
+	switch v, why := r.Spec.Gate(w, "the version"); v {
+	case rollout.GateWait:
 		return nil
+	case rollout.GateFail:
+		e.log().Warn("package rollout failed its gate", "rollout", r.ID, "reason", why, "policy", r.Spec.FailurePolicy)
+		return setState(ctx, tx, r, r.Spec.FailureState(true), why)
 	}
 	next := r.Wave + 1
 	if next >= r.Waves {
