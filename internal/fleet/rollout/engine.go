@@ -19,9 +19,10 @@ import (
 // over the active rollouts with its one fence discipline (every step is
 // one transaction of the job's own term, InTerm), the failure threshold
 // and policy, the wave gate's bake, max_in_progress, and the operator
-// commands. What a kind supplies (Target) is how it lists its active
-// rollouts and how one step reads its agents' progress and health and
-// sends its target to them, through the tables its own package owns.
+// commands, and the step machine (machine.go) with its gate rule
+// (Spec.Gate). What a kind supplies (Kind, Steps) is how it lists its
+// active rollouts and how one step reads its agents' progress and health
+// and sends its target to them, through the tables its own package owns.
 
 // Target is one kind of progressive rollout as the engine drives it.
 type Target interface {
