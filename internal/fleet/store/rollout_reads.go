@@ -54,3 +54,32 @@ func BridgeMembers(ctx context.Context, q Querier, id string) ([]string, error) 
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// MatchingElsewhere returns the agents whose attributes match attrs but
+// that are assigned another configuration than config (by priority, then
+// name; PrecedenceSQL), with the configuration they are assigned ("" for
+// none): what a rollout of config would leave out.
+func MatchingElsewhere(ctx context.Context, q Querier, attrs map[string]string, config string) (map[string]string, error) {
+	rows, err := q.Query(ctx, `SELECT a.instance_uid, coalesce(`+PrecedenceSQL+`, '') FROM agents a
+		WHERE a.attrs @> $1 AND `+PrecedenceSQL+` IS DISTINCT FROM $2`, attrs, config)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	var uid, c string
+	_, err = pgx.ForEachRow(rows, []any{&uid, &c}, func() error { out[uid] = c; return nil })
+	return out, err
+}
+
+// EffectiveConfigs returns the effective config each agent among uids
+// reports now ("" when it reports none).
+func EffectiveConfigs(ctx context.Context, q Querier, uids []string) (map[string]string, error) {
+	rows, err := q.Query(ctx, `SELECT instance_uid, effective_config FROM agents WHERE instance_uid = ANY($1)`, uids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(uids))
+	var uid, c string
+	_, err = pgx.ForEachRow(rows, []any{&uid, &c}, func() error { out[uid] = c; return nil })
+	return out, err
+}
