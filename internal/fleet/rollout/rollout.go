@@ -5,20 +5,24 @@
 // A rollout is created (API, UI, CLI, or GitOps for a configuration that
 // asks for it) in state pending. The engine is a leader job (jobs.Job);
 // each pass takes every active rollout one step in its own term-fenced
-// transaction (RunSteps, InTerm; engine.go holds what package rollouts,
-// package upgrades, share with configuration rollouts):
+// transaction (RunSteps over Machine, InTerm; engine.go and machine.go
+// hold what package rollouts, package upgrades, share with configuration
+// rollouts; this file is the configuration-revision kind):
 //
 //   - pending: the planner selects the agents assigned to the configuration
 //     (selector and precedence, package configs), refuses the rollout when
-//     one of them belongs to another active rollout, orders them by
-//     instance uid and splits them into the waves of the Spec.
+//     one of them belongs to another active rollout, orders them (by
+//     instance uid, or standbys-first: OrderAgents) and splits them into
+//     the waves of the Spec.
 //   - running: reports are read (APPLIED with the new hash, FAILED, health),
 //     an agent that sees no report within apply_timeout fails, the failure
 //     policy is applied (pause, or roll back to A), and agents of the
 //     current wave are sent the revision, at most max_in_progress at a time;
-//     an agent that is offline at its turn is skipped and reported. The gate
-//     opens the next wave when no agent of the current one is pending or in
-//     progress and every agent that applied has been healthy for bake_s.
+//     an agent that is offline at its turn is skipped and reported (with
+//     order standbys-first a bridge owner waits for a standby of its bridge
+//     healthy on the revision). The gate (Spec.Gate) opens the next wave
+//     when no agent of the current one is pending or in progress, every
+//     agent that applied has been healthy for bake_s, and at least one did.
 //   - rolling_back: every agent that was sent B is sent A.
 //
 // After the rollouts, the pass gives every online agent without any
