@@ -238,9 +238,15 @@ func (s *stepper) Save(ctx context.Context, before, j rollout.Job) error {
 		s.e.log().Info("package rollout state changed", "rollout", j.ID, "package", s.r.Package, "version", s.r.Version,
 			"from", before.State, "to", j.State, "reason", j.Reason, "term", j.Term)
 	}
+	// The table's wave is 0-based while the rollout runs and the number of
+	// waves once it succeeded (as the API has always shown it).
+	wave := max(j.Wave-1, 0)
+	if j.State == StateSucceeded {
+		wave = j.Waves
+	}
 	_, err := s.tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = $4, wave = $5, waves = $6, updated_at = now(), term = $7,
 		finished_at = CASE WHEN $2 = ANY($8) THEN NULL ELSE coalesce(finished_at, now()) END WHERE id = $1`,
-		j.ID, j.State, j.Reason, j.Requested, max(j.Wave-1, 0), j.Waves, j.Term, rollout.ActiveStates)
+		j.ID, j.State, j.Reason, j.Requested, wave, j.Waves, j.Term, rollout.ActiveStates)
 	return err
 }
 
