@@ -315,6 +315,14 @@ func TestStandbysFirstRolloutHandsOverOnceByPlannedStop(t *testing.T) {
 	if s := session(agent(owner.uid)); s["role"] != "standby" {
 		t.Errorf("the former owner reports %v; want standby", s)
 	}
+	// By planned stop: the old owner stepped down for the reload (reason
+	// shutdown: intake stopped, in-flight settled) and released the lease,
+	// rather than losing it to an expiry.
+	logb, _ := os.ReadFile(filepath.Join(owner.dir, "bridge.log"))
+	if l := string(logb); !strings.Contains(l, `msg="stepping down"`) || !strings.Contains(l, "reason=shutdown version="+strconv.FormatUint(before, 10)) ||
+		!strings.Contains(l, `msg="lease released"`) {
+		t.Errorf("the old owner's log shows no planned step-down and release of lease version %d", before)
+	}
 	gap := first.Sub(last)
 	t.Logf("standbys-first rollout: owner hand-over lease version %d → %d, destination gap (last delivery by the old owner → first by the new) %.3f s (bound %.1f s); %d messages, none lost, %d deliveries",
 		before, before+1, gap.Seconds(), maxHandoverGap.Seconds(), next, len(sink.deliveries()))
