@@ -58,6 +58,14 @@ type Config struct {
 	// BootClock on Linux (it counts host suspend) and SystemClock
 	// elsewhere.
 	Clock Clock
+	// Yield, when positive, delays the first Acquire by this long. A
+	// manager that replaces one this process has just stepped down from
+	// (a reload that re-creates an owned session) sets it, so that a
+	// standby, which the release woke, takes the lease rather than this
+	// process winning it back at once: the planned-stop hand-over. With
+	// the standby's max_jittered_poll a live standby wins even without
+	// the wake-up; with no standby, the session waits that long.
+	Yield time.Duration
 }
 
 // EventKind is what happened.
@@ -259,6 +267,15 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer m.work.Wait()
 	m.log.Info("lease manager started", "ttl", m.cfg.Cadence.LeaseTTL, "renew_interval", m.cfg.Cadence.RenewInterval,
 		"acquire_poll_interval", m.cfg.Cadence.AcquirePollInterval, "renew_call_timeout", m.cfg.Cadence.RenewCallTimeout)
+	if m.cfg.Yield > 0 {
+		t := time.NewTimer(m.cfg.Yield)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
 	for {
 		tok, deadline, seen, ok := m.standBy(ctx)
 		if !ok {

@@ -81,9 +81,20 @@ func (b *Bridge) Reload(ctx context.Context, cfg *config.Config) (config.Diff, e
 		}
 		b.store = st
 	}
+	// A changed session this process owns is handed to a standby (the
+	// planned-stop path) rather than won back by the new runner at once.
+	owned := map[string]bool{}
+	b.mu.Lock()
+	current := slices.Clone(b.runners)
+	b.mu.Unlock()
+	for _, r := range current {
+		r.mu.Lock()
+		owned[r.sess.ID] = r.role == "owner"
+		r.mu.Unlock()
+	}
 	fresh := map[string]*runner{}
 	for _, id := range slices.Concat(d.Added, d.Changed) {
-		r, err := b.newRunner(cfg, cfg.Session(id))
+		r, err := b.newRunnerYield(cfg, cfg.Session(id), owned[id] && slices.Contains(d.Changed, id))
 		if err != nil {
 			closeOpened()
 			return d, fmt.Errorf("session %q: %w", id, err)

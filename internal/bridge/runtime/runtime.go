@@ -353,6 +353,13 @@ type tenure struct {
 }
 
 func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runner, error) {
+	return b.newRunnerYield(cfg, s, false)
+}
+
+// newRunnerYield is newRunner for a session that this process owned until
+// a reload re-created it: yield lets a standby take the lease first
+// (lease.Config.Yield, one max_jittered_poll of the new cadence).
+func (b *Bridge) newRunnerYield(cfg *config.Config, s *config.SessionSettings, yield bool) (*runner, error) {
 	r := &runner{b: b, sess: s, log: b.log.With("session", s.ID), role: "active", levelSince: time.Now(),
 		cfg: cfg, routes: sessionRoutes(cfg, s.ID)}
 	if s.Mode != config.Exclusive {
@@ -384,6 +391,7 @@ func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runn
 		Logger:     r.log,
 		Registerer: b.reg,
 		Clock:      b.clock,
+		Yield:      yieldFor(yield, c.Assessment.Cadence.MaxJitteredPoll()),
 	})
 	if err != nil {
 		return nil, err
@@ -720,3 +728,10 @@ func (r *runner) status() SessionStatus {
 
 // StatusJSON implements health.Source.
 func (b *Bridge) StatusJSON() any { return b.Status() }
+
+func yieldFor(yield bool, d time.Duration) time.Duration {
+	if yield {
+		return d
+	}
+	return 0
+}

@@ -32,7 +32,11 @@ func (a *API) registerConfigs(mux *http.ServeMux) {
 	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts/{id}", a.getRollout)
 	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts/{id}/intents", a.rolloutIntents)
 	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts/{id}/{command}", a.rolloutCommand)
+	a.registerPreviews(mux)
 }
+
+// rolloutRequestShape is the body of POST /api/v1/rollouts and of its plan.
+const rolloutRequestShape = `{"config": "<name>", "to_revision": N, "spec": {"waves": [...], "order": "uid|standbys-first", ...}}`
 
 // Configs is the configuration service (also used by the UI).
 func (a *API) Configs() configs.Service { return configs.Service{Store: a.o.Store} }
@@ -206,30 +210,31 @@ type DiffResult struct {
 	Diff string `json:"diff"`
 }
 
-// Diff computes the diff between two revisions (also used by the UI).
+// Diff computes the diff between two revisions (also used by the UI);
+// revision 0 is the empty document, so 0 → 1 shows the first revision
+// whole (configs.RevisionDiff).
 func (a *API) Diff(ctx context.Context, name string, from, to int) (DiffResult, error) {
-	x, err := store.GetRevision(ctx, a.o.Store.Pool, name, from)
+	d, err := a.Configs().RevisionDiff(ctx, name, from, to)
 	if err != nil {
-		return DiffResult{}, fmt.Errorf("revision %d: %w", from, err)
+		return DiffResult{}, err
 	}
-	y, err := store.GetRevision(ctx, a.o.Store.Pool, name, to)
-	if err != nil {
-		return DiffResult{}, fmt.Errorf("revision %d: %w", to, err)
-	}
-	return DiffResult{Config: name, From: from, To: to,
-		Diff: configs.Diff(fmt.Sprintf("%s revision %d", name, from), fmt.Sprintf("%s revision %d", name, to), x.Content, y.Content)}, nil
+	return DiffResult{Config: name, From: from, To: to, Diff: d}, nil
 }
 
 func (a *API) diff(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	from, err1 := strconv.Atoi(q.Get("from"))
 	to, err2 := strconv.Atoi(q.Get("to"))
-	if err1 != nil || err2 != nil || from < 1 || to < 1 {
-		writeErr(w, http.StatusBadRequest, fmt.Sprintf("from %q, to %q: both must be revision numbers (positive integers)", q.Get("from"), q.Get("to")))
+	if err1 != nil || err2 != nil || from < 0 || to < 0 {
+		writeErr(w, http.StatusBadRequest, fmt.Sprintf("from %q, to %q: both must be revision numbers (0 for the empty document)", q.Get("from"), q.Get("to")))
 		return
 	}
 	d, err := a.Diff(r.Context(), r.PathValue("name"), from, to)
-	writeOne(w, d, err, fmt.Sprintf("such revision of %s (%v)", r.PathValue("name"), err))
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("such revision of %s (%v)", r.PathValue("name"), err))
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
 }
 
 func (a *API) assignment(w http.ResponseWriter, r *http.Request) {
@@ -258,7 +263,7 @@ func (a *API) listRollouts(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) createRollout(w http.ResponseWriter, r *http.Request) {
 	var req rollout.Request
-	if !a.readJSON(w, r, &req, `{"config": "<name>", "to_revision": N, "spec": {...}}`) {
+	if !a.readJSON(w, r, &req, rolloutRequestShape) {
 		return
 	}
 	ro, err := a.Rollouts().Create(r.Context(), req, "token "+TokenName(r.Context()))

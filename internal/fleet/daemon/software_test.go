@@ -499,7 +499,7 @@ func TestPackageUpgradeRolloutInWavesAndRollback(t *testing.T) {
 		t.Fatalf("create: %d", code)
 	}
 	rb := e.waitRollout(t, ro.ID, upgrades.StateRolledBack)
-	if !strings.Contains(rb.Reason, "1 agents failed") {
+	if !strings.Contains(rb.Reason, "1 of 3 agents failed") {
 		t.Fatalf("reason: %+v", rb)
 	}
 	for _, u := range []string{uid1, uid2} {

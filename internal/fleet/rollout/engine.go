@@ -19,9 +19,10 @@ import (
 // over the active rollouts with its one fence discipline (every step is
 // one transaction of the job's own term, InTerm), the failure threshold
 // and policy, the wave gate's bake, max_in_progress, and the operator
-// commands. What a kind supplies (Target) is how it lists its active
-// rollouts and how one step reads its agents' progress and health and
-// sends its target to them, through the tables its own package owns.
+// commands, and the step machine (machine.go) with its gate rule
+// (Spec.Gate). What a kind supplies (Kind, Steps) is how it lists its
+// active rollouts and how one step reads its agents' progress and health
+// and sends its target to them, through the tables its own package owns.
 
 // Target is one kind of progressive rollout as the engine drives it.
 type Target interface {
@@ -121,4 +122,57 @@ func (s Spec) Baked(since *time.Time, now time.Time) bool {
 // sent) is past apply_timeout at now without a report.
 func (s Spec) TimedOut(sentAt *time.Time, now time.Time) bool {
 	return sentAt != nil && now.Sub(*sentAt) > s.ApplyTimeout()
+}
+
+// WaveTally is what the gate reads of the current wave.
+type WaveTally struct {
+	// Wave is the wave's number as the rollout shows it (1-based).
+	Wave int
+	// Open: agents pending or in progress.
+	Open int
+	// Baking: agents that applied the target and have not been healthy
+	// for the whole bake yet.
+	Baking int
+	// Held: agents that applied the target and stayed healthy for the
+	// whole bake.
+	Held int
+	// Failed: agents of the wave that failed and count (a resume forgives
+	// the failures before it).
+	Failed int
+}
+
+// GateVerdict is what the gate decides about the current wave.
+type GateVerdict int
+
+// Gate verdicts.
+const (
+	// GateWait: agents of the wave are still pending, in progress or
+	// baking.
+	GateWait GateVerdict = iota
+	// GatePass: the next wave may open (or the rollout succeeds).
+	GatePass
+	// GateFail: the wave is done but no agent of it held the target: the
+	// failure policy applies, whatever max_failed allows.
+	GateFail
+)
+
+// Gate is the one gate rule of both kinds of rollout. A wave's gate needs
+// every agent of the wave to be done (applied, failed or skipped), every
+// one that applied to have stayed healthy for bake_s, and at least one
+// agent that applied and held: max_failed lets a rollout go on past a few
+// failures, not open a wave after one in which the target worked nowhere
+// (a canary whose agents all failed). A wave in which no agent was sent
+// the target (all offline at their turn, or failures forgiven by a
+// resume) passes: nothing in it spoke against the target, and its skipped
+// agents are reported. why explains a GateFail; what names the target
+// ("the revision", "the version").
+func (s Spec) Gate(w WaveTally, what string) (v GateVerdict, why string) {
+	switch {
+	case w.Open > 0 || w.Baking > 0:
+		return GateWait, ""
+	case w.Held == 0 && w.Failed > 0:
+		return GateFail, fmt.Sprintf("wave %d: no agent applied %s and stayed healthy for bake_s (%g s); %d failed (max_failed %d, max_failed_percent %g allow failures, not a wave without a healthy agent)",
+			w.Wave, what, s.Bake().Seconds(), w.Failed, s.MaxFailed, s.MaxFailedPercent)
+	}
+	return GatePass, ""
 }

@@ -5,20 +5,24 @@
 // A rollout is created (API, UI, CLI, or GitOps for a configuration that
 // asks for it) in state pending. The engine is a leader job (jobs.Job);
 // each pass takes every active rollout one step in its own term-fenced
-// transaction (RunSteps, InTerm; engine.go holds what package rollouts,
-// package upgrades, share with configuration rollouts):
+// transaction (RunSteps over Machine, InTerm; engine.go and machine.go
+// hold what package rollouts, package upgrades, share with configuration
+// rollouts; this file is the configuration-revision kind):
 //
 //   - pending: the planner selects the agents assigned to the configuration
 //     (selector and precedence, package configs), refuses the rollout when
-//     one of them belongs to another active rollout, orders them by
-//     instance uid and splits them into the waves of the Spec.
+//     one of them belongs to another active rollout, orders them (by
+//     instance uid, or standbys-first: OrderAgents) and splits them into
+//     the waves of the Spec.
 //   - running: reports are read (APPLIED with the new hash, FAILED, health),
 //     an agent that sees no report within apply_timeout fails, the failure
 //     policy is applied (pause, or roll back to A), and agents of the
 //     current wave are sent the revision, at most max_in_progress at a time;
-//     an agent that is offline at its turn is skipped and reported. The gate
-//     opens the next wave when no agent of the current one is pending or in
-//     progress and every agent that applied has been healthy for bake_s.
+//     an agent that is offline at its turn is skipped and reported (with
+//     order standbys-first a bridge owner waits for a standby of its bridge
+//     healthy on the revision). The gate (Spec.Gate) opens the next wave
+//     when no agent of the current one is pending or in progress, every
+//     agent that applied has been healthy for bake_s, and at least one did.
 //   - rolling_back: every agent that was sent B is sent A.
 //
 // After the rollouts, the pass gives every online agent without any
@@ -152,9 +156,10 @@ func (e *Engine) Job(interval time.Duration) jobs.Job {
 }
 
 // Run takes every active rollout one step, each in its own fenced
-// transaction (RunSteps), then gives new agents their configuration.
+// transaction (RunSteps over the machine with the configuration-revision
+// kind), then gives new agents their configuration.
 func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
-	err := RunSteps(ctx, fence, e.LockKey, configTarget{e})
+	err := RunSteps(ctx, fence, e.LockKey, Machine(configKind{e}))
 	if errors.Is(err, pgleader.ErrStaleTerm) || ctx.Err() != nil {
 		return err
 	}
@@ -168,21 +173,21 @@ func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
 	return errors.Join(errs...)
 }
 
-// configTarget is the configuration-revision target of the engine.
-type configTarget struct{ e *Engine }
+// configKind is the configuration-revision kind of the engine: "applied"
+// is an APPLIED report of the revision's hash by a healthy agent, pushing
+// is a write of the agent's desired config (with an intent row of the
+// term), rolling back is pushing the from revision and waiting for its
+// reports.
+type configKind struct{ e *Engine }
 
-func (configTarget) Kind() string { return "rollout" }
+func (configKind) Kind() string { return "rollout" }
 
-func (t configTarget) Active(ctx context.Context) ([]int64, error) {
+func (t configKind) Active(ctx context.Context) ([]int64, error) {
 	rows, err := t.e.Store.Pool.Query(ctx, `SELECT id FROM rollouts WHERE state = ANY($1) ORDER BY id`, ActiveStates)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
-}
-
-func (t configTarget) Step(ctx context.Context, tx pgx.Tx, term, id int64) error {
-	return t.e.step(ctx, tx, term, id)
 }
 
 // assignBatch bounds the agents given their configuration in one pass.
@@ -231,7 +236,7 @@ func (e *Engine) assign(ctx context.Context, tx pgx.Tx, term int64) error {
 	return nil
 }
 
-// stepper is one fenced step of one rollout.
+// stepper is one fenced step of one configuration rollout (Steps).
 type stepper struct {
 	e        *Engine
 	tx       pgx.Tx
@@ -241,52 +246,53 @@ type stepper struct {
 	to, from store.Revision
 }
 
-func (e *Engine) step(ctx context.Context, tx pgx.Tx, term, id int64) error {
+func (t configKind) Begin(ctx context.Context, tx pgx.Tx, term, id int64) (Steps, Job, bool, error) {
 	r, err := scanRollout(tx.QueryRow(ctx, "SELECT "+rolloutCols+" FROM rollouts WHERE id = $1 FOR UPDATE", id))
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !r.Active()) {
+		return nil, Job{}, false, nil
+	}
 	if err != nil {
-		return err
+		return nil, Job{}, false, err
 	}
-	if !r.Active() {
-		return nil
-	}
-	s := &stepper{e: e, tx: tx, term: term, r: &r}
-	before := r
-	if err := s.command(ctx); err != nil {
-		return err
-	}
+	s := &stepper{e: t.e, tx: tx, term: term, r: &r}
 	if s.to, err = store.GetRevision(ctx, tx, r.Config, r.ToRevision); err != nil {
-		return fmt.Errorf("revision %d of %s: %w", r.ToRevision, r.Config, err)
+		return nil, Job{}, false, fmt.Errorf("revision %d of %s: %w", r.ToRevision, r.Config, err)
 	}
 	if r.FromRevision > 0 {
 		if s.from, err = store.GetRevision(ctx, tx, r.Config, r.FromRevision); err != nil {
-			return fmt.Errorf("revision %d of %s: %w", r.FromRevision, r.Config, err)
+			return nil, Job{}, false, fmt.Errorf("revision %d of %s: %w", r.FromRevision, r.Config, err)
 		}
 	}
-	switch r.State {
-	case StatePending:
-		err = s.plan(ctx)
-	case StateRunning, StatePaused:
-		err = s.run(ctx)
-	case StateRollingBack:
-		err = s.rollback(ctx)
+	return s, Job{ID: r.ID, Spec: r.Spec, State: r.State, Requested: r.Requested, Reason: r.Reason, Wave: r.Wave, Waves: r.Waves, Term: term}, true, nil
+}
+
+func (s *stepper) What() string { return "the revision" }
+
+func (s *stepper) RollBackTo(*Job) string {
+	if s.r.FromRevision == 0 {
+		return ""
 	}
-	if err != nil {
-		return err
-	}
-	if r.State != before.State || r.Wave != before.Wave || r.Requested != before.Requested {
+	return fmt.Sprintf("revision %d", s.r.FromRevision)
+}
+
+// Save writes the rollout when the step made progress (an agent, a wave,
+// its state or a command), with the term.
+func (s *stepper) Save(ctx context.Context, before, j Job) error {
+	r := s.r
+	if j.State != before.State || j.Wave != before.Wave || j.Requested != before.Requested || j.Waves != before.Waves {
 		s.progress = true
-		if r.State != before.State {
-			e.log().Info("rollout state changed", "rollout", r.ID, "config", r.Config, "from", before.State, "to", r.State,
-				"reason", r.Reason, "term", term)
+		if j.State != before.State {
+			s.e.log().Info("rollout state changed", "rollout", r.ID, "config", r.Config, "from", before.State, "to", j.State,
+				"reason", j.Reason, "term", s.term)
 		}
 	}
 	if !s.progress {
 		return nil
 	}
-	_, err = tx.Exec(ctx, `UPDATE rollouts SET state = $2, requested = $3, wave = $4, waves = $5, failed_ack = $6, reason = $7,
+	_, err := s.tx.Exec(ctx, `UPDATE rollouts SET state = $2, requested = $3, wave = $4, waves = $5, failed_ack = $6, reason = $7,
 		updated_at = now(), last_progress_at = now(), term = $8,
 		finished_at = CASE WHEN $2 = ANY($9) THEN finished_at ELSE coalesce(finished_at, now()) END
-		WHERE id = $1`, r.ID, r.State, r.Requested, r.Wave, r.Waves, r.FailedAck, r.Reason, term, ActiveStates)
+		WHERE id = $1`, r.ID, j.State, j.Requested, j.Wave, j.Waves, r.FailedAck, j.Reason, s.term, ActiveStates)
 	return err
 }
 
@@ -297,44 +303,19 @@ func (e *Engine) log() *slog.Logger {
 	return e.Log
 }
 
-// command carries out an operator request.
-func (s *stepper) command(ctx context.Context) error {
-	r := s.r
-	cmd := r.Requested
-	if cmd == "" {
-		return nil
-	}
-	r.Requested = ""
-	switch cmd {
-	case CmdPause:
-		switch r.State {
-		case StatePending:
-			// Planned first, so that a paused rollout shows its waves;
-			// plan pauses it before anything is sent.
-			r.Requested = cmd
-		case StateRunning:
-			r.State, r.Reason = StatePaused, "paused by an operator"
-		}
-	case CmdResume:
-		if r.State == StatePaused {
-			failed, _, err := s.failedCount(ctx)
-			if err != nil {
-				return err
-			}
-			r.State, r.Reason, r.FailedAck = StateRunning, "", failed
-		}
-	case CmdAbort:
-		r.State, r.Reason = StateAborted, "aborted by an operator; agents keep the revision they have"
-	case CmdRollback:
-		if r.State == StateRunning || r.State == StatePaused {
-			if r.FromRevision == 0 {
-				r.Reason = "rollback refused: the rollout has no revision to roll back to"
-			} else {
-				r.State, r.Reason = StateRollingBack, "rollback requested by an operator"
-			}
-		}
-	}
-	return nil
+// Forgive acknowledges the failures so far: they stay failed and visible,
+// and count no more (failed_ack).
+func (s *stepper) Forgive(ctx context.Context, _ *Job) error {
+	failed, _, err := s.failedCount(ctx)
+	s.r.FailedAck = failed
+	s.progress = true
+	return err
+}
+
+// Failures are the failures since the last resume.
+func (s *stepper) Failures(ctx context.Context, _ *Job) (int, int, error) {
+	failed, planned, err := s.failedCount(ctx)
+	return failed - s.r.FailedAck, planned, err
 }
 
 // Selector is the effective selector of a rollout of configuration c.
@@ -347,8 +328,9 @@ func Selector(c store.ConfigDef, sp Spec) map[string]string {
 	return sel
 }
 
-// plan selects and orders the agents and splits them into waves.
-func (s *stepper) plan(ctx context.Context) error {
+// Plan selects and orders the agents (the spec's order) and splits them
+// into waves.
+func (s *stepper) Plan(ctx context.Context, j *Job) error {
 	r := s.r
 	var planStart time.Time
 	if err := s.tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&planStart); err != nil {
@@ -359,7 +341,7 @@ func (s *stepper) plan(ctx context.Context) error {
 		return err
 	}
 	if c.DeletedAt != nil {
-		r.State, r.Reason = StateFailed, "the configuration was deleted before the rollout was planned"
+		j.State, j.Reason = StateFailed, "the configuration was deleted before the rollout was planned"
 		return nil
 	}
 	uids, err := store.AgentsAssigned(ctx, s.tx, Selector(c, r.Spec), r.Config)
@@ -371,15 +353,18 @@ func (s *stepper) plan(ctx context.Context) error {
 	err = s.tx.QueryRow(ctx, `SELECT ra.rollout_id, count(*) FROM rollout_agents ra JOIN rollouts o ON o.id = ra.rollout_id
 		WHERE o.state = ANY($1) AND o.id <> $2 AND ra.instance_uid = ANY($3) GROUP BY 1 ORDER BY 1 LIMIT 1`, ActiveStates, r.ID, uids).Scan(&other, &n)
 	if err == nil {
-		r.State, r.Reason = StateFailed, fmt.Sprintf("refused: %d of its agents belong to active rollout %d (overlapping rollouts are refused)", n, other)
+		j.State, j.Reason = StateFailed, fmt.Sprintf("refused: %d of its agents belong to active rollout %d (overlapping rollouts are refused)", n, other)
 		return nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	if len(uids) == 0 {
-		r.State, r.Reason = StateSucceeded, "no agent is assigned to the configuration; nothing to do"
+		j.State, j.Reason = StateSucceeded, "no agent is assigned to the configuration; nothing to do"
 		return store.SetCurrentRevision(ctx, s.tx, r.Config, r.ToRevision)
+	}
+	if uids, err = OrderAgents(ctx, s.tx, uids, r.Spec.Order); err != nil {
+		return err
 	}
 	sizes := r.Spec.WaveSizes(len(uids))
 	wave, left := 1, sizes[0]
@@ -403,16 +388,12 @@ func (s *stepper) plan(ctx context.Context) error {
 		SELECT $1, w, sz, CASE WHEN w = 1 THEN now() END FROM unnest($2::int[], $3::int[]) AS v(w, sz)`, r.ID, waves, sizes); err != nil {
 		return err
 	}
-	r.Waves, r.Wave, r.State, r.Reason = len(sizes), 1, StateRunning, ""
+	j.Waves, j.Wave, j.State, j.Reason = len(sizes), 1, StateRunning, ""
 	if _, err := s.tx.Exec(ctx, `UPDATE rollouts SET plan_started_at = $2, planned_at = clock_timestamp() WHERE id = $1`, r.ID, planStart); err != nil {
 		return err
 	}
-	s.e.log().Info("rollout planned", "rollout", r.ID, "config", r.Config, "agents", len(uids), "waves", sizes)
-	if r.Requested == CmdPause {
-		r.Requested, r.State, r.Reason = "", StatePaused, "paused by an operator"
-		return nil
-	}
-	return s.run(ctx)
+	s.e.log().Info("rollout planned", "rollout", r.ID, "config", r.Config, "agents", len(uids), "waves", sizes, "order", r.Spec.Order)
+	return nil
 }
 
 func (s *stepper) exec(ctx context.Context, sql string, args ...any) (int64, error) {
@@ -451,8 +432,8 @@ func reported(rep store.ConfigReport, ok bool, hash string) bool {
 	return ok && rep.ConfigHash == hash && (rep.ConfigStatus == "applied" || rep.ConfigStatus == "failed")
 }
 
-// observe reads the agents' reports into the rollout.
-func (s *stepper) observe(ctx context.Context) error {
+// Observe reads the agents' reports into the rollout.
+func (s *stepper) Observe(ctx context.Context, j *Job) error {
 	r := s.r
 	sent, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND state = 'in_progress'`, r.ID)
 	if err != nil {
@@ -485,12 +466,12 @@ func (s *stepper) observe(ctx context.Context) error {
 	}
 	if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'failed', reported_at = now(),
 			detail = 'no APPLIED or FAILED report within apply_timeout_s (' || $2::text || ' s)'
-		WHERE rollout_id = $1 AND state = 'in_progress' AND sent_at < now() - make_interval(secs => $2)`, r.ID, r.Spec.ApplyTimeoutS); err != nil {
+		WHERE rollout_id = $1 AND state = 'in_progress' AND sent_at < now() - make_interval(secs => $2)`, r.ID, j.Spec.ApplyTimeoutS); err != nil {
 		return err
 	}
 	// The bake: an agent of the current wave that turns unhealthy fails.
 	applied, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND wave = $2 AND state = 'applied'`,
-		r.ID, r.Wave)
+		r.ID, j.Wave)
 	if err != nil {
 		return err
 	}
@@ -506,60 +487,27 @@ func (s *stepper) observe(ctx context.Context) error {
 	_, err = s.exec(ctx, `UPDATE rollout_agents ra SET state = 'failed', healthy_since = NULL, detail = v.detail
 		FROM unnest($3::text[], $4::text[]) AS v(uid, detail)
 		WHERE ra.rollout_id = $1 AND ra.wave = $2 AND ra.state = 'applied' AND ra.instance_uid = v.uid`,
-		r.ID, r.Wave, uids, details)
+		r.ID, j.Wave, uids, details)
 	return err
 }
 
-func (s *stepper) run(ctx context.Context) error {
-	r := s.r
-	if err := s.observe(ctx); err != nil {
-		return err
-	}
-	if r.State != StateRunning {
-		return nil
-	}
-	for {
-		failed, planned, err := s.failedCount(ctx)
-		if err != nil {
-			return err
-		}
-		if r.Spec.TooManyFailed(failed-r.FailedAck, planned) {
-			why := fmt.Sprintf("%d of %d agents failed (max_failed %d, max_failed_percent %g)", failed-r.FailedAck, planned,
-				r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
-			switch r.State = r.Spec.FailureState(r.FromRevision > 0); {
-			case r.State == StateRollingBack:
-				r.Reason = why + "; rolling back to revision " + fmt.Sprint(r.FromRevision)
-				return s.rollback(ctx)
-			case r.Spec.FailurePolicy == PolicyRollback:
-				r.Reason = why + "; paused: no revision to roll back to"
-			default:
-				r.Reason = why + "; paused (failure_policy pause)"
-			}
-			return nil
-		}
-		if err := s.dispatch(ctx); err != nil {
-			return err
-		}
-		advanced, err := s.gate(ctx)
-		if err != nil || !advanced || r.State != StateRunning {
-			return err
-		}
-	}
-}
-
-// dispatch sends the revision to the next agents of the current wave.
-func (s *stepper) dispatch(ctx context.Context) error {
+// Dispatch sends the revision to the next agents of the current wave.
+func (s *stepper) Dispatch(ctx context.Context, j *Job) error {
 	r := s.r
 	var inProgress int
 	if err := s.tx.QueryRow(ctx, `SELECT count(*) FROM rollout_agents WHERE rollout_id = $1 AND state = 'in_progress'`, r.ID).Scan(&inProgress); err != nil {
 		return err
 	}
-	room := r.Spec.Room(inProgress)
+	room := j.Spec.Room(inProgress)
+	held := []string{}
 	for room > 0 {
 		next, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents
-			WHERE rollout_id = $1 AND wave = $2 AND state = 'pending' ORDER BY seq LIMIT $3`, r.ID, r.Wave, room)
+			WHERE rollout_id = $1 AND wave = $2 AND state = 'pending' AND NOT instance_uid = ANY($4) ORDER BY seq LIMIT $3`, r.ID, j.Wave, room, held)
 		if err != nil {
 			return err
+		}
+		if len(next) == 0 {
+			return nil
 		}
 		var online, offline []string
 		for _, uid := range next {
@@ -569,17 +517,21 @@ func (s *stepper) dispatch(ctx context.Context) error {
 				offline = append(offline, uid)
 			}
 		}
-		if len(online)+len(offline) == 0 {
-			return nil
-		}
 		if len(offline) > 0 {
 			if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'skipped', reported_at = now(), detail = 'offline at its turn'
 				WHERE rollout_id = $1 AND instance_uid = ANY($2)`, r.ID, offline); err != nil {
 				return err
 			}
 		}
+		if j.Spec.Order == OrderStandbysFirst && len(online) > 0 {
+			var wait []string
+			if online, wait, err = s.ownersGate(ctx, online); err != nil {
+				return err
+			}
+			held = append(held, wait...)
+		}
 		if len(online) > 0 {
-			if err := s.send(ctx, "apply", s.to, online); err != nil {
+			if err := s.send(ctx, "apply", j.Wave, s.to, online); err != nil {
 				return err
 			}
 			if _, err := s.exec(ctx, `UPDATE rollout_agents SET state = 'in_progress', sent_at = now()
@@ -592,59 +544,134 @@ func (s *stepper) dispatch(ctx context.Context) error {
 	return nil
 }
 
+// ownersGate holds back the bridge owners among uids (order
+// standbys-first): an agent that owns a session of bridge B is sent the
+// revision only once another agent of B in this rollout has applied it
+// and is healthy, so that the owner's restart hands its sessions to a
+// standby that already runs the new revision (the planned-stop fast
+// path). While such a standby is still pending or in progress the owner
+// waits (held); when every standby of B in the rollout is done and none
+// applied, the owner fails ("no standby ... healthy on the revision"),
+// which the failure rule and the gate then judge. An owner without a
+// standby in the rollout is sent at its turn.
+func (s *stepper) ownersGate(ctx context.Context, uids []string) (send, held []string, err error) {
+	roles, err := store.AgentBridgeRoles(ctx, s.tx, uids)
+	if err != nil {
+		return nil, nil, err
+	}
+	var failed, details []string
+	for _, uid := range uids {
+		br := roles[uid]
+		if br.BridgeID == "" || !br.Owner() {
+			send = append(send, uid)
+			continue
+		}
+		members, err := store.BridgeMembers(ctx, s.tx, br.BridgeID)
+		if err != nil {
+			return nil, nil, err
+		}
+		members = slices.DeleteFunc(members, func(m string) bool { return m == uid })
+		rows, err := s.tx.Query(ctx, `SELECT instance_uid, state FROM rollout_agents WHERE rollout_id = $1 AND instance_uid = ANY($2)`, s.r.ID, members)
+		if err != nil {
+			return nil, nil, err
+		}
+		peers := map[string]string{}
+		var peer, state string
+		if _, err := pgx.ForEachRow(rows, []any{&peer, &state}, func() error { peers[peer] = state; return nil }); err != nil {
+			return nil, nil, err
+		}
+		reps, err := store.ConfigReports(ctx, s.tx, slices.Collect(maps.Keys(peers)))
+		if err != nil {
+			return nil, nil, err
+		}
+		var ready, waiting int
+		standbys := len(peers)
+		for p, st := range peers {
+			switch {
+			case st == AgentApplied && reps[p].Online && !reps[p].Unhealthy():
+				ready++
+			case st == AgentPending || st == AgentInProgress:
+				waiting++
+			}
+		}
+		switch {
+		case ready > 0 || standbys == 0:
+			send = append(send, uid)
+		case waiting > 0:
+			held = append(held, uid)
+		default:
+			failed = append(failed, uid)
+			details = append(details, fmt.Sprintf("not sent: no standby of bridge %s is healthy on the revision (order standbys-first)", br.BridgeID))
+		}
+	}
+	if len(failed) > 0 {
+		_, err = s.exec(ctx, `UPDATE rollout_agents ra SET state = 'failed', reported_at = now(), detail = v.detail
+			FROM unnest($2::text[], $3::text[]) AS v(uid, detail) WHERE ra.rollout_id = $1 AND ra.instance_uid = v.uid`, s.r.ID, failed, details)
+	}
+	return send, held, err
+}
+
 // send records the intents and sets the desired config of uids to rev, in
 // the fenced transaction; the commit's NOTIFY makes the replicas deliver.
-func (s *stepper) send(ctx context.Context, kind string, rev store.Revision, uids []string) error {
+func (s *stepper) send(ctx context.Context, kind string, wave int, rev store.Revision, uids []string) error {
 	r := s.r
 	if _, err := s.exec(ctx, `INSERT INTO rollout_intents (rollout_id, instance_uid, config, wave, term, kind, revision, hash)
-		SELECT $1, u, $8, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, r.Wave, s.term, kind, rev.Revision, rev.Hash, r.Config); err != nil {
+		SELECT $1, u, $8, $3, $4, $5, $6, $7 FROM unnest($2::text[]) AS u`, r.ID, uids, wave, s.term, kind, rev.Revision, rev.Hash, r.Config); err != nil {
 		return err
 	}
 	return store.SetDesiredRevisionBy(ctx, s.tx, uids, r.Config, rev, r.ID, r.CreatedBy)
 }
 
-// gate opens the next wave when the current one is done and baked.
-func (s *stepper) gate(ctx context.Context) (bool, error) {
+// Tally reads the current wave for the gate; failures count only when
+// some failure of the rollout is not acknowledged by a resume.
+func (s *stepper) Tally(ctx context.Context, j *Job) (WaveTally, error) {
 	r := s.r
-	var open, baking int
+	w := WaveTally{Wave: j.Wave}
 	if err := s.tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'in_progress')),
-			count(*) FILTER (WHERE state = 'applied' AND (healthy_since IS NULL OR healthy_since > now() - make_interval(secs => $3)))
-		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave, r.Spec.Bake().Seconds()).Scan(&open, &baking); err != nil {
-		return false, err
+			count(*) FILTER (WHERE state = 'applied' AND (healthy_since IS NULL OR healthy_since > now() - make_interval(secs => $3))),
+			count(*) FILTER (WHERE state = 'applied' AND healthy_since <= now() - make_interval(secs => $3)),
+			count(*) FILTER (WHERE state = 'failed')
+		FROM rollout_agents WHERE rollout_id = $1 AND wave = $2`, r.ID, j.Wave, j.Spec.Bake().Seconds()).Scan(&w.Open, &w.Baking, &w.Held, &w.Failed); err != nil {
+		return w, err
 	}
-	if open > 0 {
-		return false, nil
+	failed, _, err := s.Failures(ctx, j)
+	if failed <= 0 {
+		w.Failed = 0
 	}
-	if _, err := s.exec(ctx, `UPDATE rollout_waves SET completed_at = now() WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL`, r.ID, r.Wave); err != nil {
-		return false, err
-	}
-	if baking > 0 {
-		return false, nil
-	}
-	if _, err := s.exec(ctx, `UPDATE rollout_waves SET gate_passed_at = now() WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave); err != nil {
-		return false, err
-	}
-	if r.Wave >= r.Waves {
-		r.State, r.Reason = StateSucceeded, ""
-		return false, store.SetCurrentRevision(ctx, s.tx, r.Config, r.ToRevision)
-	}
-	r.Wave++
-	s.progress = true
-	_, err := s.tx.Exec(ctx, `UPDATE rollout_waves SET started_at = now() WHERE rollout_id = $1 AND wave = $2`, r.ID, r.Wave)
-	return true, err
+	return w, err
 }
 
-// rollback sends revision A to every agent that was sent B and waits for
-// their reports.
-func (s *stepper) rollback(ctx context.Context) error {
+// WaveDone records when no agent of the wave was pending or in progress
+// any more.
+func (s *stepper) WaveDone(ctx context.Context, j *Job) error {
+	_, err := s.exec(ctx, `UPDATE rollout_waves SET completed_at = now() WHERE rollout_id = $1 AND wave = $2 AND completed_at IS NULL`, s.r.ID, j.Wave)
+	return err
+}
+
+// GatePassed records when the wave's gate passed.
+func (s *stepper) GatePassed(ctx context.Context, j *Job) error {
+	_, err := s.exec(ctx, `UPDATE rollout_waves SET gate_passed_at = now() WHERE rollout_id = $1 AND wave = $2`, s.r.ID, j.Wave)
+	return err
+}
+
+// WaveStarted records when the wave started.
+func (s *stepper) WaveStarted(ctx context.Context, j *Job) error {
+	_, err := s.exec(ctx, `UPDATE rollout_waves SET started_at = now() WHERE rollout_id = $1 AND wave = $2`, s.r.ID, j.Wave)
+	return err
+}
+
+// Succeed makes the revision the configuration's current one.
+func (s *stepper) Succeed(ctx context.Context, _ *Job) error {
+	return store.SetCurrentRevision(ctx, s.tx, s.r.Config, s.r.ToRevision)
+}
+
+// RollBack sends revision A to every agent that was sent B and waits for
+// their reports (or apply_timeout_s).
+func (s *stepper) RollBack(ctx context.Context, j *Job) (bool, error) {
 	r := s.r
-	if r.FromRevision == 0 {
-		r.State, r.Reason = StatePaused, "cannot roll back: no revision to roll back to"
-		return nil
-	}
 	waiting, reps, err := s.agentReports(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND rollback = 'sent'`, r.ID)
 	if err != nil {
-		return err
+		return false, err
 	}
 	var back, results []string
 	for _, uid := range waiting {
@@ -656,39 +683,36 @@ func (s *stepper) rollback(ctx context.Context) error {
 		if _, err := s.exec(ctx, `UPDATE rollout_agents ra SET rollback = v.result
 			FROM unnest($2::text[], $3::text[]) AS v(uid, result)
 			WHERE ra.rollout_id = $1 AND ra.rollback = 'sent' AND ra.instance_uid = v.uid`, r.ID, back, results); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if _, err := s.exec(ctx, `UPDATE rollout_agents SET rollback = 'failed'
-		WHERE rollout_id = $1 AND rollback = 'sent' AND rollback_at < now() - make_interval(secs => $2)`, r.ID, r.Spec.ApplyTimeoutS); err != nil {
-		return err
+		WHERE rollout_id = $1 AND rollback = 'sent' AND rollback_at < now() - make_interval(secs => $2)`, r.ID, j.Spec.ApplyTimeoutS); err != nil {
+		return false, err
 	}
 	rows, err := s.tx.Query(ctx, `SELECT instance_uid FROM rollout_agents WHERE rollout_id = $1 AND rollback = ''
-		AND state IN ('applied', 'in_progress', 'failed') ORDER BY seq`, r.ID)
+		AND state IN ('applied', 'in_progress', 'failed') AND sent_at IS NOT NULL ORDER BY seq`, r.ID)
 	if err != nil {
-		return err
+		return false, err
 	}
 	uids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(uids) > 0 {
-		if err := s.send(ctx, "rollback", s.from, uids); err != nil {
-			return err
+		if err := s.send(ctx, "rollback", j.Wave, s.from, uids); err != nil {
+			return false, err
 		}
-		if _, err := s.exec(ctx, `UPDATE rollout_agents SET rollback = 'sent', rollback_at = now() WHERE rollout_id = $1 AND instance_uid = ANY($2)`,
-			r.ID, uids); err != nil {
-			return err
-		}
-		return nil
+		_, err := s.exec(ctx, `UPDATE rollout_agents SET rollback = 'sent', rollback_at = now() WHERE rollout_id = $1 AND instance_uid = ANY($2)`,
+			r.ID, uids)
+		return false, err
 	}
 	var sent int
 	if err := s.tx.QueryRow(ctx, `SELECT count(*) FROM rollout_agents WHERE rollout_id = $1 AND rollback = 'sent'`, r.ID).Scan(&sent); err != nil {
-		return err
+		return false, err
 	}
 	if sent == 0 {
-		r.State = StateRolledBack
-		return store.SetCurrentRevision(ctx, s.tx, r.Config, r.FromRevision)
+		return true, store.SetCurrentRevision(ctx, s.tx, r.Config, r.FromRevision)
 	}
-	return nil
+	return false, nil
 }

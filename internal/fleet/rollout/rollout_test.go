@@ -58,6 +58,7 @@ func TestSpecValidate(t *testing.T) {
 		{rollout.Spec{MaxInProgress: -1}, "max_in_progress -1: must be within [1, 100000]"},
 		{rollout.Spec{BakeS: rollout.Secs(-1)}, "bake_s -1: must be within [0, 86400] seconds"},
 		{rollout.Spec{MaxFailedPercent: 120}, "max_failed_percent 120"},
+		{rollout.Spec{Order: "random"}, `order "random": must be uid or standbys-first`},
 	}
 	for _, b := range bad {
 		err := b.spec.WithDefaults().Validate()

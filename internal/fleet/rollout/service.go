@@ -58,52 +58,63 @@ func (s Service) Create(ctx context.Context, req Request, by string) (Rollout, e
 // Create is Service.Create in a caller's transaction (GitOps creates
 // rollouts in its fenced one).
 func Create(ctx context.Context, tx pgx.Tx, req Request, by string) (Rollout, error) {
-	sp := req.Spec.WithDefaults()
-	if err := sp.Validate(); err != nil {
-		return Rollout{}, &InvalidError{err}
-	}
 	// One creator at a time, so that two concurrent creations for one
 	// configuration cannot both pass the overlap check.
 	if _, err := tx.Exec(ctx, `LOCK TABLE rollouts IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 		return Rollout{}, err
 	}
-	c, err := store.GetConfig(ctx, tx, req.Config)
-	if errors.Is(err, store.ErrNotFound) {
-		return Rollout{}, &InvalidError{fmt.Errorf("config %q: no such configuration", req.Config)}
-	}
+	c, to, sp, err := resolve(ctx, tx, req)
 	if err != nil {
 		return Rollout{}, err
 	}
+	spec, _ := json.Marshal(sp)
+	return scanRollout(tx.QueryRow(ctx, `INSERT INTO rollouts (config, from_revision, to_revision, spec, state, created_by)
+		VALUES ($1, $2, $3, $4, 'pending', $5) RETURNING `+rolloutCols, c.Name, c.CurrentRevision, to, spec, by))
+}
+
+// resolve checks a request as Create does (the plan preview too): the
+// configuration, the target revision, the spec, and no active rollout of
+// the configuration.
+func resolve(ctx context.Context, q store.Querier, req Request) (store.ConfigDef, int, Spec, error) {
+	sp := req.Spec.WithDefaults()
+	if err := sp.Validate(); err != nil {
+		return store.ConfigDef{}, 0, sp, &InvalidError{err}
+	}
+	c, err := store.GetConfig(ctx, q, req.Config)
+	if errors.Is(err, store.ErrNotFound) {
+		return c, 0, sp, &InvalidError{fmt.Errorf("config %q: no such configuration", req.Config)}
+	}
+	if err != nil {
+		return c, 0, sp, err
+	}
 	if c.DeletedAt != nil {
-		return Rollout{}, &InvalidError{fmt.Errorf("config %q: the configuration is deleted", req.Config)}
+		return c, 0, sp, &InvalidError{fmt.Errorf("config %q: the configuration is deleted", req.Config)}
 	}
 	to := req.ToRevision
 	if to == 0 {
 		to = c.LatestRevision
 	}
 	if to == 0 {
-		return Rollout{}, &InvalidError{fmt.Errorf("config %q: has no revision yet", req.Config)}
+		return c, 0, sp, &InvalidError{fmt.Errorf("config %q: has no revision yet", req.Config)}
 	}
 	if to < 0 || to > c.LatestRevision {
-		return Rollout{}, &InvalidError{fmt.Errorf("to_revision %d: must be a revision of %s (1 to %d)", to, c.Name, c.LatestRevision)}
+		return c, 0, sp, &InvalidError{fmt.Errorf("to_revision %d: must be a revision of %s (1 to %d)", to, c.Name, c.LatestRevision)}
 	}
 	if to == c.CurrentRevision {
-		return Rollout{}, &InvalidError{fmt.Errorf("to_revision %d: is already the current revision of %s", to, c.Name)}
+		return c, 0, sp, &InvalidError{fmt.Errorf("to_revision %d: is already the current revision of %s", to, c.Name)}
 	}
 	if sp.FailurePolicy == PolicyRollback && c.CurrentRevision == 0 {
-		return Rollout{}, &InvalidError{fmt.Errorf("failure_policy rollback: %s has no current revision to roll back to (use pause)", c.Name)}
+		return c, 0, sp, &InvalidError{fmt.Errorf("failure_policy rollback: %s has no current revision to roll back to (use pause)", c.Name)}
 	}
 	var other int64
-	err = tx.QueryRow(ctx, `SELECT id FROM rollouts WHERE config = $1 AND state = ANY($2) ORDER BY id LIMIT 1`, c.Name, ActiveStates).Scan(&other)
+	err = q.QueryRow(ctx, `SELECT id FROM rollouts WHERE config = $1 AND state = ANY($2) ORDER BY id LIMIT 1`, c.Name, ActiveStates).Scan(&other)
 	if err == nil {
-		return Rollout{}, fmt.Errorf("%w: rollout %d of %s is still active; overlapping rollouts are refused (abort it or wait)", ErrConflict, other, c.Name)
+		return c, 0, sp, fmt.Errorf("%w: rollout %d of %s is still active; overlapping rollouts are refused (abort it or wait)", ErrConflict, other, c.Name)
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
-		return Rollout{}, err
+		return c, 0, sp, err
 	}
-	spec, _ := json.Marshal(sp)
-	return scanRollout(tx.QueryRow(ctx, `INSERT INTO rollouts (config, from_revision, to_revision, spec, state, created_by)
-		VALUES ($1, $2, $3, $4, 'pending', $5) RETURNING `+rolloutCols, c.Name, c.CurrentRevision, to, spec, by))
+	return c, to, sp, nil
 }
 
 // Command requests pause, resume, abort or rollback; the leader's engine
@@ -202,6 +213,10 @@ type WaveProgress struct {
 	StartedAt    *time.Time     `json:"started_at"`
 	CompletedAt  *time.Time     `json:"completed_at"`
 	GatePassedAt *time.Time     `json:"gate_passed_at"`
+	// Note reports what the gate let through: a wave whose gate passed
+	// with failed agents inside the allowance (max_failed,
+	// max_failed_percent) says so ("" otherwise).
+	Note string `json:"note,omitempty"`
 }
 
 // Done is the share of the wave's agents that are no longer pending or in
@@ -224,6 +239,10 @@ type AgentProgress struct {
 	SentAt       *time.Time `json:"sent_at"`
 	ReportedAt   *time.Time `json:"reported_at"`
 	HealthySince *time.Time `json:"healthy_since"`
+	// BridgeID and Roles are what the agent reports now (bridges; empty
+	// for other agents): the wave order standbys-first orders by them.
+	BridgeID string   `json:"bridge_id"`
+	Roles    []string `json:"roles"`
 }
 
 // Detail is a rollout with its waves and agents.
@@ -259,6 +278,10 @@ func (s Service) Detail(ctx context.Context, id int64, agentLimit int) (Detail, 
 			w.Counts[k] = v
 			d.Counts[k] += v
 		}
+		if n := w.Counts[AgentFailed]; n > 0 && w.GatePassedAt != nil {
+			w.Note = fmt.Sprintf("gate passed with %d failed agent(s) inside the allowance (max_failed %d, max_failed_percent %g)",
+				n, r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
+		}
 		d.WaveProgress = append(d.WaveProgress, w)
 		return nil
 	})
@@ -273,7 +296,28 @@ func (s Service) Detail(ctx context.Context, id int64, agentLimit int) (Detail, 
 	if err != nil {
 		return d, err
 	}
-	d.Agents, err = pgx.CollectRows(rows, pgx.RowToStructByPos[AgentProgress])
+	d.Agents, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (AgentProgress, error) {
+		var a AgentProgress
+		err := row.Scan(&a.InstanceUID, &a.Wave, &a.Seq, &a.State, &a.Rollback, &a.Detail, &a.SentAt, &a.ReportedAt, &a.HealthySince)
+		a.Roles = []string{}
+		return a, err
+	})
+	if err != nil {
+		return d, err
+	}
+	uids := make([]string, len(d.Agents))
+	for i, a := range d.Agents {
+		uids[i] = a.InstanceUID
+	}
+	roles, err := store.AgentBridgeRoles(ctx, s.Store.Pool, uids)
+	for i := range d.Agents {
+		if br, ok := roles[d.Agents[i].InstanceUID]; ok {
+			d.Agents[i].BridgeID = br.BridgeID
+			if br.Roles != nil {
+				d.Agents[i].Roles = br.Roles
+			}
+		}
+	}
 	if len(d.Agents) > agentLimit {
 		d.Agents, d.AgentsTruncated = d.Agents[:agentLimit], true
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,7 +40,21 @@ type Spec struct {
 	MaxFailedPercent float64 `json:"max_failed_percent"`
 	// Selector narrows the configuration's selector (key=value pairs).
 	Selector map[string]string `json:"selector,omitempty"`
+	// Order is the wave order: OrderUID (by instance uid, the default) or
+	// OrderStandbysFirst (bridges: every standby before the owner of its
+	// bridge id, and an owner sent only once a standby of its bridge is
+	// healthy on the new revision).
+	Order string `json:"order,omitempty"`
 }
+
+// Wave orders (Spec.Order).
+const (
+	OrderUID           = "uid"
+	OrderStandbysFirst = "standbys-first"
+)
+
+// Orders lists the wave orders.
+var Orders = []string{OrderUID, OrderStandbysFirst}
 
 // Defaults of a Spec.
 var (
@@ -65,6 +80,9 @@ func (s Spec) WithDefaults() Spec {
 	}
 	if s.FailurePolicy == "" {
 		s.FailurePolicy = PolicyPause
+	}
+	if s.Order == "" {
+		s.Order = OrderUID
 	}
 	return s
 }
@@ -149,6 +167,9 @@ func (s Spec) Validate() error {
 	}
 	if s.MaxFailedPercent < 0 || s.MaxFailedPercent > 100 || math.IsNaN(s.MaxFailedPercent) {
 		errs = append(errs, fmt.Errorf("max_failed_percent %v: must be within [0, 100] (0: not used)", s.MaxFailedPercent))
+	}
+	if !slices.Contains(Orders, s.Order) {
+		errs = append(errs, fmt.Errorf("order %q: must be %s", s.Order, strings.Join(Orders, " or ")))
 	}
 	for k := range s.Selector {
 		if strings.TrimSpace(k) == "" {

@@ -23,6 +23,7 @@ func (h *handler) mountRollouts() {
 	h.route(store.RoleViewer, "GET /ui/configs/{name}", h.config)
 	h.route(store.RoleViewer, "GET /ui/rollouts", h.rollouts)
 	h.route(store.RoleOperator, "POST /ui/rollouts", h.createRollout)
+	h.route(store.RoleOperator, "POST /ui/rollouts/plan", h.planRollout)
 	h.route(store.RoleViewer, "GET /ui/rollouts/{id}", h.rollout)
 	h.route(store.RoleOperator, "POST /ui/rollouts/{id}/{command}", h.rolloutCommand)
 }
@@ -57,13 +58,37 @@ type configData struct {
 	From, To int
 	Error    string
 	Defaults rollout.Spec
+	// Orders are the wave orders the rollout form offers.
+	Orders []string
+	// Plan is the dry run of the rollout form (its Plan button).
+	Plan *rollout.Plan
+	// Preview is the revision PreviewRev against what the agents run now
+	// (narrowed by PreviewSelector).
+	Preview         *configs.Preview
+	PreviewRev      int
+	PreviewSelector string
 }
 
 func (h *handler) config(w http.ResponseWriter, r *http.Request) {
-	h.renderConfig(w, r, r.PathValue("name"), "")
+	h.renderConfig(w, r, r.PathValue("name"), "", nil)
 }
 
-func (h *handler) renderConfig(w http.ResponseWriter, r *http.Request, name, formErr string) {
+// planRollout shows the dry run of the rollout form on the configuration
+// page (rollout.Service.Plan: nothing is stored).
+func (h *handler) planRollout(w http.ResponseWriter, r *http.Request) {
+	name := r.PostFormValue("config")
+	req, err := rolloutForm(r)
+	if err == nil {
+		var p rollout.Plan
+		if p, err = h.a.Rollouts().Plan(r.Context(), req); err == nil {
+			h.renderConfig(w, r, name, "", &p)
+			return
+		}
+	}
+	h.renderConfig(w, r, name, err.Error(), nil)
+}
+
+func (h *handler) renderConfig(w http.ResponseWriter, r *http.Request, name, formErr string, plan *rollout.Plan) {
 	ctx := r.Context()
 	cd, err := h.a.ConfigDetail(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
@@ -75,8 +100,22 @@ func (h *handler) renderConfig(w http.ResponseWriter, r *http.Request, name, for
 		return
 	}
 	d := configData{ConfigDetail: cd, Selector: configs.FormatSelector(cd.Config.Selector), Error: formErr,
-		Defaults: rollout.Spec{}.WithDefaults()}
+		Defaults: rollout.Spec{}.WithDefaults(), Orders: rollout.Orders, Plan: plan}
 	q := r.URL.Query()
+	if v := q.Get("preview"); v != "" {
+		d.PreviewRev, _ = strconv.Atoi(v)
+		d.PreviewSelector = q.Get("selector")
+		sel, err := store.ParseSelector(d.PreviewSelector)
+		if err == nil {
+			var p configs.Preview
+			if p, err = h.a.Configs().Preview(ctx, name, d.PreviewRev, sel); err == nil {
+				d.Preview = &p
+			}
+		}
+		if err != nil {
+			d.Error = fmt.Sprintf("preview of revision %q: %v", v, err)
+		}
+	}
 	show := cd.Config.LatestRevision
 	if n, err := strconv.Atoi(q.Get("revision")); err == nil {
 		show = n
@@ -139,7 +178,7 @@ func (h *handler) createRollout(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	h.renderConfig(w, r, name, err.Error())
+	h.renderConfig(w, r, name, err.Error(), nil)
 }
 
 // rolloutForm reads the create form of the configuration page.
@@ -181,6 +220,7 @@ func rolloutForm(r *http.Request) (rollout.Request, error) {
 		}
 	}
 	req.Spec.FailurePolicy = f("failure_policy")
+	req.Spec.Order = f("order")
 	return req, errors.Join(errs...)
 }
 

@@ -111,6 +111,20 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	check("latest revision", text("#revision-content"), "listen: 9090")
 	do(chromedp.SetValue(q("#diff-from"), "1"), chromedp.SetValue(q("#diff-to"), "2"), chromedp.Click(q("#diff-show")), chromedp.WaitVisible(q("#diff")))
 	check("diff", text("#diff"), "-listen: 80\n+listen: 8080")
+	// Revision 0 is the empty document.
+	do(chromedp.SetValue(q("#diff-from"), "0"), chromedp.SetValue(q("#diff-to"), "1"), chromedp.Click(q("#diff-show")), chromedp.WaitVisible(q("#diff")))
+	check("diff from 0", text("#diff"), "+++ gateway revision 1\n@@ -0,0 +1 @@\n+listen: 80")
+
+	// The Plan button shows the dry run and starts nothing.
+	do(chromedp.SetValue(q("#ro-to"), "1"), chromedp.SetValue(q("#ro-waves"), "1,100%"), chromedp.SetValue(q("#ro-order"), "standbys-first"),
+		chromedp.Click(q("#ro-plan")), chromedp.WaitVisible(q("#rollout-plan")))
+	plan := text("#rollout-plan")
+	check("plan", plan, "Revision 1 of gateway, order standbys-first, 2 wave(s).")
+	check("plan", plan, ags[1].UIDString()[:8])
+	if n, _ := d.API.Rollouts().List(ctx, "", 10); len(n) != 0 {
+		t.Fatalf("the plan started a rollout: %+v", n)
+	}
+	do(chromedp.SetValue(q("#ro-order"), "uid"))
 
 	// A bad form is refused with the rule; a good one starts a rollout to
 	// revision 1 that runs to the end.
@@ -127,6 +141,12 @@ func TestRolloutPagesInHeadlessChromium(t *testing.T) {
 	check("waves", text("#waves"), "100 %")
 	check("agents", text("#rollout-agents"), ags[0].UIDString()[:8])
 	check("wave", text("#rollout-wave"), "2 of 2")
+	// Preview revision 2 against what the agents run now (revision 1).
+	do(chromedp.Navigate(base+"/ui/configs/gateway"), chromedp.WaitVisible(q("#preview-form")),
+		chromedp.SetValue(q("#preview-rev"), "2"), chromedp.Click(q("#preview-show")), chromedp.WaitVisible(q("#preview")))
+	pv := text("#preview")
+	check("preview", pv, "3 agent(s) running")
+	check("preview", pv, "-listen: 80\n+listen: 8080")
 
 	// Rollout to revision 2 with a long bake: it waits at the first gate.
 	do(chromedp.Navigate(base+"/ui/configs/gateway"), chromedp.WaitVisible(q("#rollout-form")),

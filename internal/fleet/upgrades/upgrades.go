@@ -3,8 +3,9 @@
 // wave, with the Spec of configuration rollouts (package rollout): waves,
 // max_in_progress, bake_s, apply_timeout_s, failure_policy, max_failed.
 //
-// The job is the rollout engine of package rollout (rollout.RunSteps) with
-// a package-version target: each step of a rollout is one transaction of
+// The job is the rollout engine (rollout.RunSteps over rollout.Machine,
+// the step machine configuration rollouts run on) with a package-version
+// kind: each step of a rollout is one transaction of
 // the job's own term, which the rollout row records. Sending an agent
 // the version is an offer (package artifacts: OpAMP PackagesAvailable with
 // the download URL, content hash and signature) recorded with the package
@@ -12,8 +13,9 @@
 // agent has installed the version when it reports it installed with the
 // offered hash; it failed when it reports the install failed, does not
 // report within apply_timeout_s, or turns unhealthy. The next wave starts
-// when every agent of the current one installed the version and stayed
-// healthy for bake_s. Too many failures pause the rollout or roll it back:
+// when every agent of the current one is done, every one that installed
+// the version stayed healthy for bake_s, and at least one did
+// (rollout.Spec.Gate). Too many failures pause the rollout or roll it back:
 // every agent that was sent the version is offered its previous version
 // again.
 package upgrades
@@ -91,6 +93,11 @@ func Create(ctx context.Context, pool *pgxpool.Pool, pkg, version string, spec r
 	if err := spec.Validate(); err != nil {
 		return Rollout{}, err
 	}
+	if spec.Order != rollout.OrderUID {
+		// The owner's hold (a standby healthy on the new target first) reads
+		// configuration reports; package rollouts do not have it yet.
+		return Rollout{}, fmt.Errorf("order %q: package rollouts take order %s only", spec.Order, rollout.OrderUID)
+	}
 	ok, err := releases.Recorded(ctx, pool, pkg, version)
 	if err != nil {
 		return Rollout{}, err
@@ -156,26 +163,27 @@ func (e *Engine) Job(interval time.Duration) jobs.Job {
 }
 
 // Run takes every active rollout one step, each in its own transaction of
-// the job's term (rollout.RunSteps).
+// the job's term (rollout.RunSteps over the engine's machine with the
+// package-version kind).
 func (e *Engine) Run(ctx context.Context, fence jobs.Fence) error {
-	return rollout.RunSteps(ctx, fence, e.LockKey, packageTarget{e})
+	return rollout.RunSteps(ctx, fence, e.LockKey, rollout.Machine(packageKind{e}))
 }
 
-// packageTarget is the package-version target of the rollout engine.
-type packageTarget struct{ e *Engine }
+// packageKind is the package-version kind of the rollout engine:
+// "applied" is an installed report of the version with the offered hash
+// by a healthy agent, pushing is a package offer, rolling back is
+// offering every agent that was sent the version its previous one (or
+// withdrawing the offer).
+type packageKind struct{ e *Engine }
 
-func (packageTarget) Kind() string { return "package rollout" }
+func (packageKind) Kind() string { return "package rollout" }
 
-func (t packageTarget) Active(ctx context.Context) ([]int64, error) {
+func (t packageKind) Active(ctx context.Context) ([]int64, error) {
 	rows, err := t.e.Pool.Query(ctx, `SELECT id FROM package_rollouts WHERE state = ANY($1) ORDER BY id`, rollout.ActiveStates)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
-}
-
-func (t packageTarget) Step(ctx context.Context, tx pgx.Tx, term, id int64) error {
-	return t.e.step(ctx, tx, term, id)
 }
 
 func (e *Engine) log() *slog.Logger {
@@ -185,83 +193,91 @@ func (e *Engine) log() *slog.Logger {
 	return e.Log
 }
 
-// setState records the state of rollout r, written in the term of its step.
-func setState(ctx context.Context, tx pgx.Tx, r Rollout, state, reason string) error {
-	_, err := tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = '', updated_at = now(), term = $4,
-		finished_at = CASE WHEN $2 IN ('succeeded', 'rolled_back', 'aborted', 'failed') THEN now() END WHERE id = $1`, r.ID, state, reason, r.term)
+// stepper is one step of one package rollout (rollout.Steps). The table
+// numbers waves from 0; the machine from 1.
+type stepper struct {
+	e  *Engine
+	tx pgx.Tx
+	r  Rollout
+}
+
+func (t packageKind) Begin(ctx context.Context, tx pgx.Tx, term, id int64) (rollout.Steps, rollout.Job, bool, error) {
+	var r Rollout
+	var sj []byte
+	err := tx.QueryRow(ctx, `SELECT package, version, spec, state, reason, wave, waves, requested FROM package_rollouts WHERE id = $1 FOR UPDATE`, id).
+		Scan(&r.Package, &r.Version, &sj, &r.State, &r.Reason, &r.Wave, &r.Waves, &r.Requested)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, rollout.Job{}, false, nil
+	}
+	if err != nil {
+		return nil, rollout.Job{}, false, err
+	}
+	if err := json.Unmarshal(sj, &r.Spec); err != nil {
+		return nil, rollout.Job{}, false, err
+	}
+	r.ID, r.term = id, term
+	j := rollout.Job{ID: id, Spec: r.Spec, State: r.State, Requested: r.Requested, Reason: r.Reason, Wave: r.Wave + 1, Waves: r.Waves, Term: term}
+	if r.State == StatePending {
+		j.Wave = 0
+	}
+	return &stepper{e: t.e, tx: tx, r: r}, j, true, nil
+}
+
+func (s *stepper) What() string { return "the version" }
+
+// RollBackTo: every agent has a version to go back to, or its offer is
+// withdrawn.
+func (s *stepper) RollBackTo(*rollout.Job) string { return "the previous versions" }
+
+// Save records the job, written in the term of its step.
+func (s *stepper) Save(ctx context.Context, before, j rollout.Job) error {
+	if before.State == j.State && before.Reason == j.Reason && before.Requested == j.Requested && before.Wave == j.Wave && before.Waves == j.Waves {
+		return nil
+	}
+	if j.State != before.State {
+		s.e.log().Info("package rollout state changed", "rollout", j.ID, "package", s.r.Package, "version", s.r.Version,
+			"from", before.State, "to", j.State, "reason", j.Reason, "term", j.Term)
+	}
+	// The table's wave is 0-based while the rollout runs and the number of
+	// waves once it succeeded (as the API has always shown it).
+	wave := max(j.Wave-1, 0)
+	if j.State == StateSucceeded {
+		wave = j.Waves
+	}
+	_, err := s.tx.Exec(ctx, `UPDATE package_rollouts SET state = $2, reason = $3, requested = $4, wave = $5, waves = $6, updated_at = now(), term = $7,
+		finished_at = CASE WHEN $2 = ANY($8) THEN NULL ELSE coalesce(finished_at, now()) END WHERE id = $1`,
+		j.ID, j.State, j.Reason, j.Requested, wave, j.Waves, j.Term, rollout.ActiveStates)
 	return err
 }
 
-func (e *Engine) step(ctx context.Context, tx pgx.Tx, term, id int64) error {
-	var r Rollout
-	var sj []byte
-	if err := tx.QueryRow(ctx, `SELECT package, version, spec, state, wave, waves, requested FROM package_rollouts WHERE id = $1 FOR UPDATE`, id).
-		Scan(&r.Package, &r.Version, &sj, &r.State, &r.Wave, &r.Waves, &r.Requested); err != nil {
-		return err
-	}
-	if err := json.Unmarshal(sj, &r.Spec); err != nil {
-		return err
-	}
-	r.ID, r.term = id, term
-	switch r.Requested {
-	case rollout.CmdAbort:
-		return setState(ctx, tx, r, StateAborted, "aborted by the operator")
-	case rollout.CmdRollback:
-		r.State = StateRollingBack
-		if err := setState(ctx, tx, r, StateRollingBack, "rollback requested by the operator"); err != nil {
-			return err
-		}
-	case rollout.CmdPause:
-		if r.State == StateRunning {
-			return setState(ctx, tx, r, StatePaused, "paused by the operator")
-		}
-	case rollout.CmdResume:
-		if r.State == StatePaused {
-			// Failures so far are forgiven: they count from the resume.
-			if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'skipped', error = 'failed before the resume: ' || error
-				WHERE rollout_id = $1 AND state = 'failed'`, id); err != nil {
-				return err
-			}
-			r.State = StateRunning
-			if err := setState(ctx, tx, r, StateRunning, ""); err != nil {
-				return err
-			}
-		}
-	}
-	switch r.State {
-	case StatePending:
-		return e.plan(ctx, tx, r)
-	case StateRunning:
-		return e.advance(ctx, tx, r)
-	case StateRollingBack:
-		return e.rollBack(ctx, tx, r)
-	}
-	return nil
-}
-
-// plan selects the agents, orders them by uid and splits them into waves.
-func (e *Engine) plan(ctx context.Context, tx pgx.Tx, r Rollout) error {
-	ags, err := store.PackageAgents(ctx, tx, r.Package, r.Spec.Selector, uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages))
+// Plan selects the agents, orders them by uid and splits them into waves.
+// None: the rollout fails (unlike a configuration rollout, which then has
+// nothing to do: an empty package rollout is almost always a selector
+// that matches no agent accepting packages).
+func (s *stepper) Plan(ctx context.Context, j *rollout.Job) error {
+	r := s.r
+	ags, err := store.PackageAgents(ctx, s.tx, r.Package, r.Spec.Selector, uint64(protobufs.AgentCapabilities_AgentCapabilities_AcceptsPackages))
 	if err != nil {
 		return err
 	}
 	if len(ags) == 0 {
-		return setState(ctx, tx, r, StateFailed, "no agent that accepts packages matches the selector")
+		j.State, j.Reason = StateFailed, "no agent that accepts packages matches the selector"
+		return nil
 	}
 	sizes := r.Spec.WaveSizes(len(ags))
 	i := 0
 	for w, n := range sizes {
 		for range n {
-			if _, err := tx.Exec(ctx, `INSERT INTO package_rollout_agents (rollout_id, instance_uid, wave, previous_version) VALUES ($1, $2, $3, $4)`,
+			if _, err := s.tx.Exec(ctx, `INSERT INTO package_rollout_agents (rollout_id, instance_uid, wave, previous_version) VALUES ($1, $2, $3, $4)`,
 				r.ID, ags[i].UID, w, ags[i].HasVersion); err != nil {
 				return err
 			}
 			i++
 		}
 	}
-	e.log().Info("package rollout planned", "rollout", r.ID, "package", r.Package, "version", r.Version, "agents", len(ags), "waves", len(sizes))
-	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET state = 'running', wave = 0, waves = $2, updated_at = now(), term = $3 WHERE id = $1`, r.ID, len(sizes), r.term)
-	return err
+	s.e.log().Info("package rollout planned", "rollout", r.ID, "package", r.Package, "version", r.Version, "agents", len(ags), "waves", len(sizes))
+	j.Waves, j.Wave, j.State, j.Reason = len(sizes), 1, StateRunning, ""
+	return nil
 }
 
 type agentRow struct {
@@ -274,9 +290,11 @@ type agentRow struct {
 	hasVersion, hasHash, status, reportError string
 }
 
-func (e *Engine) agents(ctx context.Context, tx pgx.Tx, r Rollout) ([]agentRow, error) {
-	rows, err := tx.Query(ctx, `SELECT instance_uid, state, offered_hash, previous_version, wave, sent_at, installed_at
-		FROM package_rollout_agents WHERE rollout_id = $1 ORDER BY wave, instance_uid`, r.ID)
+func (a agentRow) unhealthy() bool { return a.healthy != nil && !*a.healthy }
+
+func (s *stepper) agents(ctx context.Context) ([]agentRow, error) {
+	rows, err := s.tx.Query(ctx, `SELECT instance_uid, state, offered_hash, previous_version, wave, sent_at, installed_at
+		FROM package_rollout_agents WHERE rollout_id = $1 ORDER BY wave, instance_uid`, s.r.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -291,7 +309,7 @@ func (e *Engine) agents(ctx context.Context, tx pgx.Tx, r Rollout) ([]agentRow, 
 	for i, a := range ags {
 		uids[i] = a.uid
 	}
-	reps, err := store.PackageReports(ctx, tx, uids, r.Package)
+	reps, err := store.PackageReports(ctx, s.tx, uids, s.r.Package)
 	if err != nil {
 		return nil, err
 	}
@@ -311,122 +329,153 @@ func setAgent(ctx context.Context, tx pgx.Tx, id int64, uid, state, msg string) 
 	return err
 }
 
-// advance reads the reports, applies the failure policy, sends the
-// current wave and opens the next one when the gate passes.
-func (e *Engine) advance(ctx context.Context, tx pgx.Tx, r Rollout) error {
-	ags, err := e.agents(ctx, tx, r)
+// Observe reads the reports: installed (with the offered hash, healthy),
+// install failed, installed but unhealthy, no report within
+// apply_timeout_s; an agent of the current wave that turns unhealthy
+// during the bake fails.
+func (s *stepper) Observe(ctx context.Context, j *rollout.Job) error {
+	ags, err := s.agents(ctx)
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	failed, inProgress := 0, 0
-	for i := range ags {
-		a := &ags[i]
-		switch a.state {
-		case AgentInProgress:
-			switch {
-			case a.status == statusInstalled && a.hasVersion == r.Version && a.hasHash == a.offeredHash:
-				a.state = AgentInstalled
-				t := now
-				a.installedAt = &t
-				if err := setAgent(ctx, tx, r.ID, a.uid, AgentInstalled, ""); err != nil {
-					return err
-				}
-			case a.status == statusInstallFailed:
-				a.state = AgentFailed
-				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, "install failed: "+a.reportError); err != nil {
-					return err
-				}
-			case r.Spec.TimedOut(a.sentAt, now):
-				a.state = AgentFailed
-				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, fmt.Sprintf("no installed report within apply_timeout_s %.0f", r.Spec.ApplyTimeoutS)); err != nil {
-					return err
-				}
-			}
-		case AgentInstalled:
-			if a.healthy != nil && !*a.healthy {
-				a.state = AgentFailed
-				if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, "unhealthy after the install"); err != nil {
-					return err
-				}
-			}
-		}
-		switch a.state {
-		case AgentFailed:
-			failed++
-		case AgentInProgress:
-			inProgress++
-		}
-	}
-	if r.Spec.TooManyFailed(failed, len(ags)) {
-		reason := fmt.Sprintf("%d agents failed (max_failed %d, max_failed_percent %g)", failed, r.Spec.MaxFailed, r.Spec.MaxFailedPercent)
-		e.log().Warn("package rollout failed its gate", "rollout", r.ID, "reason", reason, "policy", r.Spec.FailurePolicy)
-		// Every agent has a version to go back to (or its offer is withdrawn).
-		return setState(ctx, tx, r, r.Spec.FailureState(true), reason)
-	}
-	// Send the pending agents of the current wave.
-	open, baked := false, true
+	r := s.r
 	for _, a := range ags {
-		if a.wave != r.Wave {
-			continue
+		state, msg := "", ""
+		switch {
+		case a.state == AgentInProgress && a.status == statusInstalled && a.hasVersion == r.Version && a.hasHash == a.offeredHash:
+			state = AgentInstalled
+			if a.unhealthy() {
+				state, msg = AgentFailed, "installed but unhealthy"
+			}
+		case a.state == AgentInProgress && a.status == statusInstallFailed:
+			state, msg = AgentFailed, "install failed: "+a.reportError
+		case a.state == AgentInProgress && j.Spec.TimedOut(a.sentAt, j.Now):
+			state, msg = AgentFailed, fmt.Sprintf("no installed report within apply_timeout_s %.0f", j.Spec.ApplyTimeoutS)
+		case a.state == AgentInstalled && a.wave == j.Wave-1 && a.unhealthy():
+			state, msg = AgentFailed, "unhealthy after the install"
 		}
-		switch a.state {
-		case AgentPending:
-			open = true
-			if r.Spec.Room(inProgress) <= 0 {
-				continue
-			}
-			if !a.online {
-				if err := setAgent(ctx, tx, r.ID, a.uid, AgentSkipped, "offline at its turn"); err != nil {
-					return err
-				}
-				continue
-			}
-			o, err := artifacts.OfferTx(ctx, tx, r.Package, r.Version, a.uid, fmt.Sprintf("package rollout %d", r.ID))
-			if err != nil {
-				if errors.Is(err, artifacts.ErrNotOfferable) {
-					if err := setAgent(ctx, tx, r.ID, a.uid, AgentFailed, err.Error()); err != nil {
-						return err
-					}
-					continue
-				}
+		if state != "" {
+			if err := setAgent(ctx, s.tx, r.ID, a.uid, state, msg); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'in_progress', sent_at = now(), offered_hash = $3
-				WHERE rollout_id = $1 AND instance_uid = $2`, r.ID, a.uid, hex.EncodeToString(o.PackageHash())); err != nil {
-				return err
-			}
-			inProgress++
-		case AgentInProgress:
-			open = true
-		case AgentInstalled:
-			if !r.Spec.Baked(a.installedAt, now) {
-				baked = false
-			}
 		}
 	}
-	if open || !baked {
-		return nil
-	}
-	next := r.Wave + 1
-	if next >= r.Waves {
-		e.log().Info("package rollout succeeded", "rollout", r.ID, "package", r.Package, "version", r.Version)
-		if _, err := tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, term = $3 WHERE id = $1`, r.ID, next, r.term); err != nil {
-			return err
-		}
-		return setState(ctx, tx, r, StateSucceeded, "")
-	}
-	e.log().Info("package rollout gate passed", "rollout", r.ID, "wave", r.Wave, "next", next)
-	_, err = tx.Exec(ctx, `UPDATE package_rollouts SET wave = $2, updated_at = now(), term = $3 WHERE id = $1`, r.ID, next, r.term)
+	return nil
+}
+
+// Failures: the failed agents (a resume turns the failures before it into
+// skipped ones) of all planned.
+func (s *stepper) Failures(ctx context.Context, _ *rollout.Job) (failed, planned int, err error) {
+	err = s.tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'failed'), count(*) FROM package_rollout_agents WHERE rollout_id = $1`, s.r.ID).
+		Scan(&failed, &planned)
+	return failed, planned, err
+}
+
+// Forgive turns the failures so far into skipped agents that say so
+// (package_rollouts has no failed_ack column, unlike rollouts).
+func (s *stepper) Forgive(ctx context.Context, _ *rollout.Job) error {
+	_, err := s.tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'skipped', error = 'failed before the resume: ' || error
+		WHERE rollout_id = $1 AND state = 'failed'`, s.r.ID)
 	return err
 }
 
-// rollBack offers every agent that was sent the version its previous one.
-func (e *Engine) rollBack(ctx context.Context, tx pgx.Tx, r Rollout) error {
-	ags, err := e.agents(ctx, tx, r)
+// Dispatch offers the version to the pending agents of the current wave,
+// within max_in_progress.
+func (s *stepper) Dispatch(ctx context.Context, j *rollout.Job) error {
+	ags, err := s.agents(ctx)
 	if err != nil {
 		return err
 	}
+	r := s.r
+	inProgress := 0
+	for _, a := range ags {
+		if a.state == AgentInProgress {
+			inProgress++
+		}
+	}
+	for _, a := range ags {
+		if a.wave != j.Wave-1 || a.state != AgentPending {
+			continue
+		}
+		if j.Spec.Room(inProgress) <= 0 {
+			return nil
+		}
+		if !a.online {
+			if err := setAgent(ctx, s.tx, r.ID, a.uid, AgentSkipped, "offline at its turn"); err != nil {
+				return err
+			}
+			continue
+		}
+		o, err := artifacts.OfferTx(ctx, s.tx, r.Package, r.Version, a.uid, fmt.Sprintf("package rollout %d", r.ID))
+		if err != nil {
+			if errors.Is(err, artifacts.ErrNotOfferable) {
+				if err := setAgent(ctx, s.tx, r.ID, a.uid, AgentFailed, err.Error()); err != nil {
+					return err
+				}
+				continue
+			}
+			return err
+		}
+		if _, err := s.tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'in_progress', sent_at = now(), offered_hash = $3
+			WHERE rollout_id = $1 AND instance_uid = $2`, r.ID, a.uid, hex.EncodeToString(o.PackageHash())); err != nil {
+			return err
+		}
+		inProgress++
+	}
+	return nil
+}
+
+// Tally reads the current wave for the gate.
+func (s *stepper) Tally(ctx context.Context, j *rollout.Job) (rollout.WaveTally, error) {
+	w := rollout.WaveTally{Wave: j.Wave}
+	ags, err := s.agents(ctx)
+	for _, a := range ags {
+		if a.wave != j.Wave-1 {
+			continue
+		}
+		switch a.state {
+		case AgentPending, AgentInProgress:
+			w.Open++
+		case AgentInstalled:
+			if j.Spec.Baked(a.installedAt, j.Now) {
+				w.Held++
+			} else {
+				w.Baking++
+			}
+		case AgentFailed:
+			w.Failed++
+		}
+	}
+	return w, err
+}
+
+// WaveDone: package rollouts keep no per-wave times.
+func (s *stepper) WaveDone(context.Context, *rollout.Job) error { return nil }
+
+// GatePassed logs the gate.
+func (s *stepper) GatePassed(_ context.Context, j *rollout.Job) error {
+	s.e.log().Info("package rollout gate passed", "rollout", j.ID, "wave", j.Wave)
+	return nil
+}
+
+// WaveStarted: package rollouts keep no per-wave times.
+func (s *stepper) WaveStarted(context.Context, *rollout.Job) error { return nil }
+
+// Succeed logs the end.
+func (s *stepper) Succeed(_ context.Context, j *rollout.Job) error {
+	s.e.log().Info("package rollout succeeded", "rollout", j.ID, "package", s.r.Package, "version", s.r.Version)
+	return nil
+}
+
+// RollBack offers every agent that was sent the version its previous one
+// (or withdraws the offer); it is done at once: the offers are the
+// rollback (the agents' installs of the previous version are not awaited).
+func (s *stepper) RollBack(ctx context.Context, _ *rollout.Job) (bool, error) {
+	ags, err := s.agents(ctx)
+	if err != nil {
+		return false, err
+	}
+	r := s.r
 	for _, a := range ags {
 		if a.sentAt == nil || a.state == AgentReverted {
 			continue
@@ -434,25 +483,21 @@ func (e *Engine) rollBack(ctx context.Context, tx pgx.Tx, r Rollout) error {
 		msg := "offered the previous version " + a.prev
 		if a.prev == "" || a.prev == r.Version {
 			// Nothing to go back to: withdraw the offer.
-			if err := artifacts.DeleteOffer(ctx, tx, a.uid, r.Package); err != nil {
-				return err
+			if err := artifacts.DeleteOffer(ctx, s.tx, a.uid, r.Package); err != nil {
+				return false, err
 			}
 			msg = "offer withdrawn (no previous version)"
-		} else if _, err := artifacts.OfferTx(ctx, tx, r.Package, a.prev, a.uid, fmt.Sprintf("rollback of package rollout %d", r.ID)); err != nil {
+		} else if _, err := artifacts.OfferTx(ctx, s.tx, r.Package, a.prev, a.uid, fmt.Sprintf("rollback of package rollout %d", r.ID)); err != nil {
 			if !errors.Is(err, artifacts.ErrNotOfferable) {
-				return err
+				return false, err
 			}
 			msg = "previous version not offerable: " + err.Error()
 		}
-		if _, err := tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'reverted', error = $3 WHERE rollout_id = $1 AND instance_uid = $2`,
+		if _, err := s.tx.Exec(ctx, `UPDATE package_rollout_agents SET state = 'reverted', error = $3 WHERE rollout_id = $1 AND instance_uid = $2`,
 			r.ID, a.uid, msg); err != nil {
-			return err
+			return false, err
 		}
 	}
-	e.log().Warn("package rollout rolled back", "rollout", r.ID, "package", r.Package, "version", r.Version)
-	var reason string
-	if err := tx.QueryRow(ctx, `SELECT reason FROM package_rollouts WHERE id = $1`, r.ID).Scan(&reason); err != nil {
-		return err
-	}
-	return setState(ctx, tx, r, StateRolledBack, reason)
+	s.e.log().Warn("package rollout rolled back", "rollout", r.ID, "package", r.Package, "version", r.Version)
+	return true, nil
 }

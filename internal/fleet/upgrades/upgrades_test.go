@@ -150,7 +150,7 @@ myriarch_package_rollout_wave{package="otelcol",rollout="1"} 2
 	}
 	report(t, p, "a2", "", "", "PackageStatusEnum_InstallFailed", "content hash mismatch")
 	step()
-	if s, reason, _ := rolloutState(t, p, ro.ID); s != upgrades.StatePaused || !strings.Contains(reason, "1 agents failed") {
+	if s, reason, _ := rolloutState(t, p, ro.ID); s != upgrades.StatePaused || !strings.Contains(reason, "1 of 3 agents failed") {
 		t.Fatalf("after a failed install: %s %q", s, reason)
 	}
 	if a := agents(t, p, ro.ID)["a2"]; a.state != upgrades.AgentFailed || !strings.Contains(a.err, "content hash mismatch") {

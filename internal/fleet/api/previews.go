@@ -1,0 +1,54 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+)
+
+// registerPreviews adds the previews: a rollout's dry run and a revision
+// against what the agents run now. Neither stores anything.
+func (a *API) registerPreviews(mux *http.ServeMux) {
+	// Operator, like POST /api/v1/rollouts: the plan answers with the same
+	// refusals as the rollout it previews.
+	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts/plan", a.planRollout)
+	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}/revisions/{rev}/preview", a.previewRevision)
+}
+
+// planRollout answers rollout.Plan for the body of POST /api/v1/rollouts.
+func (a *API) planRollout(w http.ResponseWriter, r *http.Request) {
+	var req rollout.Request
+	if !a.readJSON(w, r, &req, rolloutRequestShape) {
+		return
+	}
+	p, err := a.Rollouts().Plan(r.Context(), req)
+	if err != nil {
+		serviceErr(w, err, "configuration "+req.Config)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// previewRevision answers configs.Preview: the agents assigned to the
+// configuration (narrowed by ?selector=k=v,...), grouped by what they run
+// now, with the diff to the revision.
+func (a *API) previewRevision(w http.ResponseWriter, r *http.Request) {
+	rev, ok := pathInt(w, r, "rev")
+	if !ok {
+		return
+	}
+	narrow, err := store.ParseSelector(r.URL.Query().Get("selector"))
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	name := r.PathValue("name")
+	p, err := a.Configs().Preview(r.Context(), name, int(rev), narrow)
+	if err != nil {
+		serviceErr(w, err, fmt.Sprintf("revision %d of configuration %s", rev, name))
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
