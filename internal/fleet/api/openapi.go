@@ -452,4 +452,3 @@ func (a *API) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, doc)
 }
-

@@ -115,4 +115,3 @@ type (
 		Rollouts []upgrades.Rollout `json:"rollouts"`
 	}
 )
-
