@@ -563,7 +563,7 @@ func Lookup(key string) (Setting, bool) {
 // but that myriarchd's commands read (the file of serve, token, rollouts and
 // budget; the server and token of `myriarchd agent`). Load accepts them;
 // every other MYRIARCH_* variable that names no setting is refused.
-var OtherEnv = []string{"MYRIARCH_CONFIG", "MYRIARCH_SERVER", "MYRIARCH_TOKEN"}
+var OtherEnv = []string{"MYRIARCH_CONFIG", "MYRIARCH_SERVER", "MYRIARCH_TOKEN", "MYRIARCH_CA_FILE", "MYRIARCH_CONTEXTS"}
 
 // looksLikeASetting reports whether name, a MYRIARCH_* variable that is no
 // setting, was meant as one: it starts with a section of the settings
