@@ -126,6 +126,19 @@ func Check(v validator.Validator, req *http.Request, resp *http.Response) error 
 	if ok {
 		return nil
 	}
+	for _, e := range errs {
+		if e.ValidationType == "path" && resp.StatusCode == http.StatusNotFound {
+			// No route of the document: the /api/ catch-all answered,
+			// with the error body.
+			var eb api.ErrorBody
+			dec := json.NewDecoder(bytes.NewReader(body))
+			dec.DisallowUnknownFields()
+			if dec.Decode(&eb) != nil || eb.Error == "" {
+				return fmt.Errorf("openapi: the 404 of %s %s is not an error body: %s", req.Method, req.URL.Path, body)
+			}
+			return nil
+		}
+	}
 	var msgs []string
 	for _, e := range errs {
 		m := e.Message
