@@ -45,8 +45,6 @@ type apiCmd struct {
 	// flags are the command's own flags: name → usage. Values are read
 	// with the typed getters of apiCall, which refuse a bad one.
 	flags map[string]string
-	// bools are the command's boolean flags.
-	bools map[string]string
 	// run calls the API and returns the answer and how to show it to a
 	// person (nil: as YAML).
 	run func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error)
@@ -81,9 +79,6 @@ func (x *apiCall) set(name string) bool {
 	x.fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
 	return given
 }
-
-// boolean is the value of boolean flag name.
-func (x *apiCall) boolean(name string) bool { return x.str(name) == "true" }
 
 // integer is flag name as an integer (def when absent); a bad one is
 // recorded and refused before the API is called.
@@ -183,12 +178,9 @@ func groupUsage(group, intro string, extra ...string) string {
 		for _, a := range c.args {
 			line += " " + a
 		}
-		names := make([]string, 0, len(c.flags)+len(c.bools))
+		names := make([]string, 0, len(c.flags))
 		for n := range c.flags {
 			names = append(names, "--"+n+" X")
-		}
-		for n := range c.bools {
-			names = append(names, "--"+n)
 		}
 		slices.Sort(names)
 		if len(names) > 0 {
@@ -248,9 +240,6 @@ func runAPI(cmd *apiCmd, usage string, args []string, stdout, stderr io.Writer) 
 		common.define(f)
 		for n, u := range cmd.flags {
 			f.String(n, "", u)
-		}
-		for n, u := range cmd.bools {
-			f.Bool(n, false, u)
 		}
 	})
 	if in == nil {

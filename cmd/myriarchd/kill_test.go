@@ -20,11 +20,11 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/fleet/api/openapitest"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
-	"github.com/myriarch/myriarch/internal/fleet/api/openapitest"
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/pgleader"
 )
