@@ -127,14 +127,14 @@ func Check(v validator.Validator, req *http.Request, resp *http.Response) error 
 		return nil
 	}
 	for _, e := range errs {
-		if e.ValidationType == "path" && resp.StatusCode == http.StatusNotFound {
-			// No route of the document: the /api/ catch-all answered,
-			// with the error body.
+		if e.ValidationType == "path" && resp.StatusCode >= 400 {
+			// No route of the document: the /api/ catch-all answered
+			// (404, or 401/403 before it), with the error body.
 			var eb api.ErrorBody
 			dec := json.NewDecoder(bytes.NewReader(body))
 			dec.DisallowUnknownFields()
 			if dec.Decode(&eb) != nil || eb.Error == "" {
-				return fmt.Errorf("openapi: the 404 of %s %s is not an error body: %s", req.Method, req.URL.Path, body)
+				return fmt.Errorf("openapi: the %d of %s %s is not an error body: %s", resp.StatusCode, req.Method, req.URL.Path, body)
 			}
 			return nil
 		}
