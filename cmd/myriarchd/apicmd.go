@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -281,6 +282,9 @@ func runAPI(cmd *apiCmd, usage string, args []string, stdout, stderr io.Writer) 
 	return x.print(v, human)
 }
 
+// locatedRE finds the first located problem in a server's message.
+var locatedRE = regexp.MustCompile(`config:\d+:`)
+
 // apiTransport is the HTTP transport of the API commands; nil: the
 // client's own (tests validate every answer against the OpenAPI document).
 var apiTransport http.RoundTripper
@@ -302,13 +306,20 @@ func (x *apiCall) apiErr(err error) int {
 		fmt.Fprintf(x.stderr, "%s: %v\n", x.prog, err)
 		return 1
 	}
-	fmt.Fprintf(x.stderr, "%s: %s (HTTP %d)\n", x.prog, e.Message, e.Status)
+	// The located problems are listed under the message's head, each
+	// with the file the content was read from (the server calls it
+	// "config").
+	head := e.Message
+	if i := locatedRE.FindStringIndex(head); i != nil && len(e.Problems) > 0 {
+		head = strings.TrimRight(head[:i[0]], ": ")
+	}
+	fmt.Fprintf(x.stderr, "%s: %s (HTTP %d)\n", x.prog, head, e.Status)
 	for _, p := range e.Problems {
 		file := p.File
-		if file == "config" && x.set("file") && x.str("file") != "-" {
-			file = x.str("file")
-		} else if file == "config" && x.set("file") {
-			file = "standard input"
+		if file == "config" && x.set("file") {
+			if file = x.str("file"); file == "-" {
+				file = "standard input"
+			}
 		}
 		loc := file
 		if p.Line > 0 {
