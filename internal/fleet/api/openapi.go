@@ -162,7 +162,11 @@ func (g *schemaGen) operation(rt Route, d Doc, path string) (map[string]any, err
 	}
 	var params []any
 	for _, m := range pathParamRE.FindAllStringSubmatch(path, -1) {
-		params = append(params, map[string]any{"name": m[1], "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
+		typ := map[string]any{"type": "string"}
+		if m[1] == "id" || m[1] == "rev" {
+			typ = map[string]any{"type": "integer", "minimum": 1}
+		}
+		params = append(params, map[string]any{"name": m[1], "in": "path", "required": true, "schema": typ})
 	}
 	qs := make([]string, 0, len(d.Query))
 	for q := range d.Query {
