@@ -56,7 +56,9 @@ func TestContextCommands(t *testing.T) {
 		t.Fatalf("overview on the current context: %q", out)
 	}
 	must("context", "use", "lab")
-	must("overview")
+	if out := must("overview"); !strings.Contains(out, "agents     0: 0 online") || !strings.Contains(out, "answered   by lab") {
+		t.Fatalf("overview on lab: %q", out)
+	}
 	must("overview", "--context", "prod")
 	if out := must("context", "show"); !strings.Contains(out, "lab") || strings.Contains(out, "myr_lab") {
 		t.Fatalf("show: %q", out)

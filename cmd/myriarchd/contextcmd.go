@@ -23,7 +23,14 @@ func init() {
 		apiCmd{group: "overview", summary: "agent counts and the leader (GET /api/v1/overview)",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
 				o, err := c.Overview(ctx)
-				return o, nil, err
+				return o, func(w io.Writer) {
+					leader := "none"
+					if o.Leader != nil {
+						leader = fmt.Sprintf("%s (term %d)", o.Leader.ID, o.Leader.Term)
+					}
+					fmt.Fprintf(w, "agents     %d: %d online, %d offline, %d unhealthy\nleader     %s\nanswered   by %s\n",
+						o.Counts.Total, o.Counts.Online, o.Counts.Offline, o.Counts.Unhealthy, leader, o.ReplicaID)
+				}, err
 			}},
 		apiCmd{group: "openapi", summary: "the API's OpenAPI 3.1 document (GET /api/v1/openapi.json)",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {

@@ -110,7 +110,14 @@ func init() {
 		apiCmd{group: "gitops", name: "status", summary: "the Git sources of configurations and their last sync (GET /api/v1/gitops)",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
 				l, err := c.GitOps(ctx)
-				return l, nil, err
+				return l, func(w io.Writer) {
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SOURCE\tCOMMIT\tLAST POLL\tLAST CHANGE\tLAST ERROR")
+					for _, s := range l.Sources {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Source, short(s.LastCommit), ts(s.LastPollAt), ts(s.LastChangeAt), s.LastError)
+					}
+					_ = tw.Flush()
+				}, err
 			}},
 	)
 	registerGroup("release", "recorded releases of agent software: release list [PACKAGE]", "", nil)
