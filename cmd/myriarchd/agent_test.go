@@ -66,17 +66,17 @@ func TestAgentCommands(t *testing.T) {
 	if _, err := d.Store.SetDesiredConfig(ctx, uid, "a: 1\n"); err != nil {
 		t.Fatal(err)
 	}
-	if out, errOut, code = run("clear-config", "--json", uid); code != 0 || !strings.Contains(out, "cleared") {
+	if out, errOut, code = run("clear-config", "-o", "json", uid); code != 0 || !strings.Contains(out, "cleared") {
 		t.Fatalf("clear-config: %d %q %q", code, out, errOut)
 	}
 	if !fleettest.Eventually(30*time.Second, func() bool { c := ag.Configs(); return len(c) > 0 && c[len(c)-1] == "" }) {
 		t.Fatalf("configs: %q", ag.Configs())
 	}
 	// Bad input: named, and nothing is called.
-	if _, errOut, code = run("show"); code != 2 || !strings.Contains(errOut, "exactly one agent instance UID") {
+	if _, errOut, code = run("show"); code != 2 || !strings.Contains(errOut, "takes UID, got []") {
 		t.Fatalf("no uid: %d %q", code, errOut)
 	}
-	if _, errOut, code = run("show", uid, "--server", "localhost:8080"); code != 2 || !strings.Contains(errOut, `--server "localhost:8080"`) {
+	if _, errOut, code = run("show", uid, "--server", "localhost:8080"); code != 2 || !strings.Contains(errOut, `server "localhost:8080": must be an http:// or https:// URL`) {
 		t.Fatalf("bad server: %d %q", code, errOut)
 	}
 	if _, errOut, code = run("restart", "00000000-0000-4000-8000-000000000000"); code != 1 || !strings.Contains(errOut, "no agent") || !strings.Contains(errOut, "HTTP 404") {
@@ -90,7 +90,7 @@ func TestAgentCommands(t *testing.T) {
 	if _, err := d.Store.IssueAgentCredential(ctx, uid); err != nil {
 		t.Fatal(err)
 	}
-	if out, errOut, code = run("allow-reenroll", uid); code != 0 || !strings.Contains(out, `"reenroll_allowed_by": "token cli`) {
+	if out, errOut, code = run("allow-reenroll", uid, "-o", "json"); code != 0 || !strings.Contains(out, `"reenroll_allowed_by": "token cli`) {
 		t.Fatalf("allow-reenroll: %d %q %q", code, out, errOut)
 	}
 	if c, _, err := d.Store.AgentCredentialOf(ctx, uid); err != nil || c.ReenrollAllowedAt == nil {
@@ -100,7 +100,7 @@ func TestAgentCommands(t *testing.T) {
 		t.Fatalf("no reenroll_allowed event: %v", err)
 	}
 	t.Setenv("MYRIARCH_TOKEN", "")
-	if _, errOut, code = run("show", uid); code != 2 || !strings.Contains(errOut, "--token") {
+	if _, errOut, code = run("show", uid); code != 2 || !strings.Contains(errOut, "token: required") {
 		t.Fatalf("no token: %d %q", code, errOut)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/myriarch/myriarch/internal/cli"
 	"github.com/myriarch/myriarch/internal/fleet/config"
-	"github.com/myriarch/myriarch/internal/fleet/configs"
-	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
@@ -54,26 +51,6 @@ func subcommand(group, usage string, subs []string, args []string, stdout, stder
 func (in *invocation) usageErr(format string, a ...any) int {
 	fmt.Fprintf(in.stderr, in.prog+": "+format+"\n", a...)
 	return cli.ExitUsage
-}
-
-// wantArgs refuses a number of positional arguments other than n.
-func (in *invocation) wantArgs(n int, usage string) bool {
-	if len(in.pos) != n {
-		fmt.Fprintf(in.stderr, "%s: takes %d argument(s), got %q\n%s\n", in.prog, n, in.pos, usage)
-		return false
-	}
-	return true
-}
-
-// fail reports err; invalid input is ExitUsage, anything else 1.
-func (in *invocation) fail(err error) int {
-	fmt.Fprintf(in.stderr, "%s: %v\n", in.prog, err)
-	var inv1 *configs.InvalidError
-	var inv2 *rollout.InvalidError
-	if errors.As(err, &inv1) || errors.As(err, &inv2) {
-		return cli.ExitUsage
-	}
-	return 1
 }
 
 // loadConfig loads the configuration; a refused one is printed with one

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -18,6 +20,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/fleet/api/openapitest"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
@@ -35,6 +38,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(reexecEnv) == "1" {
 		os.Exit(commands.Dispatch(os.Args[1:], os.Stdout, os.Stderr))
 	}
+	// Every answer the commands receive is checked against the API's
+	// OpenAPI document; no command may find a contexts file of the
+	// machine's user.
+	apiTransport = openapitest.Transport(nil)
+	os.Setenv("MYRIARCH_CONTEXTS", filepath.Join(os.TempDir(), fmt.Sprintf("myriarchd-test-no-contexts-%d.yaml", os.Getpid())))
 	goleak.VerifyTestMain(m)
 }
 

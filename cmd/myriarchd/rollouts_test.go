@@ -12,11 +12,17 @@ import (
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
-// `myriarchd config ...` and `myriarchd rollout ...` against a real
-// PostgreSQL, with a replica that leads and carries the rollout out.
+// `myriarchd config ...` and `myriarchd rollout ...` through the API of a
+// replica that leads and carries the rollout out.
 func TestConfigAndRolloutCommands(t *testing.T) {
 	pg := pgtest.New(t)
-	t.Setenv("MYRIARCH_DATABASE_URL", pg.DSN(""))
+	d := inProcessReplica(t, pg.DSN(""), "replica-c", map[string]string{"jobs.rolloutInterval": "100ms", "ha.leaderSessionTimeout": "10s"})
+	tok, err := d.Store.CreateToken(t.Context(), "cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MYRIARCH_SERVER", "http://"+d.HTTPAddr().String())
+	t.Setenv("MYRIARCH_TOKEN", tok)
 	run := func(args ...string) (string, string, int) {
 		var out, errb syncBuf
 		code := commands.Dispatch(args, &out, &errb)
@@ -45,9 +51,15 @@ func TestConfigAndRolloutCommands(t *testing.T) {
 		}
 		return p
 	}
-	refused(`type "json": must be one of myriarch-bridge, yaml`, "config", "put", "web", "--type", "json")
+	refused(`type "json": must be one of myriarch-bridge, yaml (HTTP 400)`, "config", "put", "web", "--type", "json")
 	must("config", "put", "web", "--type", "yaml", "--selector", "role=web", "--priority", "5")
-	refused("not well-formed YAML", "config", "revise", "web", "--file", write("bad.yaml", "a: [\n"))
+	bad := write("bad.yaml", "a: 1\nb: [\n")
+	refused("not well-formed YAML", "config", "revise", "web", "--file", bad)
+	// The server's problem names the line; the CLI names the file it read.
+	refused("  "+bad+":2: not well-formed YAML", "config", "revise", "web", "--file", bad)
+	must("config", "put", "plant", "--type", "myriarch-bridge")
+	badBridge := write("bridge.yaml", bridgeGood+"unknown_section: 1\n")
+	refused("  "+badBridge+":33: unknown_section: unknown key", "config", "revise", "plant", "--file", badBridge)
 	if out := must("config", "revise", "web", "--file", write("v1.yaml", "port: 80\n")); !strings.Contains(out, "stored revision 1 of web") {
 		t.Errorf("revise: %q", out)
 	}
@@ -64,16 +76,15 @@ func TestConfigAndRolloutCommands(t *testing.T) {
 	if out := must("config", "list"); !strings.Contains(out, "web") || !strings.Contains(out, "role=web") {
 		t.Errorf("list: %q", out)
 	}
-	refused(`waves ["10%"]: the last wave must be "100%"`, "rollout", "create", "--config", "web", "--waves", "10%")
-	refused(`failure_policy rollback: web has no current revision`, "rollout", "create", "--config", "web", "--failure-policy", "rollback")
-	if out := must("rollout", "create", "--config", "web", "--to", "1", "--bake", "0s"); !strings.Contains(out, "rollout 1 created: web revision 0 → 1") {
+	refused(`waves ["10%"]: the last wave must be "100%"`, "rollout", "create", "web", "--waves", "10%")
+	refused(`failure_policy rollback: web has no current revision`, "rollout", "create", "web", "--failure-policy", "rollback")
+	if out := must("rollout", "create", "web", "--to", "1", "--bake", "0s"); !strings.Contains(out, "rollout 1 created: web revision 0 → 1") {
 		t.Errorf("create: %q", out)
 	}
-	if out, errOut, code := run("rollout", "create", "--config", "web"); code != 1 || !strings.Contains(errOut, "rollout 1 of web is still active") {
+	if out, errOut, code := run("rollout", "create", "web"); code != 1 || !strings.Contains(errOut, "rollout 1 of web is still active") {
 		t.Errorf("overlapping create: %d %q %q", code, out, errOut)
 	}
 
-	d := inProcessReplica(t, pg.DSN(""), "replica-c", map[string]string{"jobs.rolloutInterval": "100ms", "ha.leaderSessionTimeout": "10s"})
 	ag, err := fleettest.StartAgent(t.Context(), fleettest.AgentOptions{URL: "ws://" + d.OpAMPAddr().String() + "/v1/opamp", Secret: testSecret,
 		Attrs: map[string]string{"role": "web"}})
 	if err != nil {
@@ -95,7 +106,7 @@ func TestConfigAndRolloutCommands(t *testing.T) {
 	}) {
 		t.Fatal("agent not registered")
 	}
-	must("rollout", "create", "--config", "web", "--bake", "0s", "--waves", "100%")
+	must("rollout", "create", "web", "--bake", "0s", "--waves", "100%")
 	if !fleettest.Eventually(time.Minute, func() bool {
 		return strings.Contains(must("rollout", "show", "2"), "succeeded")
 	}) {

@@ -14,9 +14,14 @@ import (
 // `token create --role` and `agent revoke|rotate-credential`.
 func TestTokenRolesAndAgentRevocation(t *testing.T) {
 	pg := pgtest.New(t)
-	t.Setenv("MYRIARCH_DATABASE_URL", pg.DSN(""))
 	d := inProcessReplica(t, pg.DSN(""), "replica-s", nil)
 	ctx := context.Background()
+	first, err := d.Store.CreateToken(ctx, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MYRIARCH_SERVER", "http://"+d.HTTPAddr().String())
+	t.Setenv("MYRIARCH_TOKEN", first)
 	dispatch := func(args ...string) (string, string, int) {
 		var out, errb syncBuf
 		code := commands.Dispatch(args, &out, &errb)
@@ -30,7 +35,7 @@ func TestTokenRolesAndAgentRevocation(t *testing.T) {
 		t.Fatalf("create viewer: %d %q", code, errOut)
 	}
 	viewer = strings.TrimSpace(viewer)
-	admin, _, _ := dispatch("token", "create", "--name", "a")
+	admin, _, _ := dispatch("token", "create", "--name", "a", "--role", "admin")
 	admin = strings.TrimSpace(admin)
 	base := "http://" + d.HTTPAddr().String()
 	if c := get(t, base+"/api/v1/agents", viewer); c != 200 {
@@ -48,7 +53,7 @@ func TestTokenRolesAndAgentRevocation(t *testing.T) {
 	if !fleettest.Eventually(30*time.Second, func() bool { return ag.Credential() != "" }) {
 		t.Fatal("no credential")
 	}
-	first := ag.Credential()
+	firstCred := ag.Credential()
 	flags := []string{"--server", base}
 	if _, errOut, code := dispatch(append([]string{"agent", "rotate-credential", ag.UIDString(), "--token", viewer}, flags...)...); code == 0 || !strings.Contains(errOut, "needs role admin") {
 		t.Fatalf("viewer rotates: %d %q", code, errOut)
@@ -56,7 +61,7 @@ func TestTokenRolesAndAgentRevocation(t *testing.T) {
 	if _, errOut, code := dispatch(append([]string{"agent", "rotate-credential", ag.UIDString(), "--token", admin}, flags...)...); code != 0 {
 		t.Fatalf("rotate: %d %q", code, errOut)
 	}
-	if !fleettest.Eventually(30*time.Second, func() bool { return ag.Credential() != first }) {
+	if !fleettest.Eventually(30*time.Second, func() bool { return ag.Credential() != firstCred }) {
 		t.Fatal("rotated credential never arrived")
 	}
 	if _, errOut, code := dispatch(append([]string{"agent", "revoke", ag.UIDString(), "--token", admin}, flags...)...); code != 0 {

@@ -47,7 +47,8 @@ func get(t *testing.T, url, token string) int {
 }
 
 // The README's main job: `myriarchd --dev` on a fresh machine, then
-// `myriarchd token create` against the same database, then SIGTERM.
+// `myriarchd token create` through its API with the printed admin token,
+// then SIGTERM.
 func TestServeDevAndTokenCreate(t *testing.T) {
 	if _, err := pgtest.BinDir(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -87,7 +88,7 @@ func TestServeDevAndTokenCreate(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		m = re.FindStringSubmatch(stdout.String())
 	}
-	base, admin, dsn := m[1], m[2], m[3]
+	base, admin := m[1], m[2]
 	if code := get(t, base+"/api/v1/cluster", admin); code != 200 {
 		t.Fatalf("cluster with the admin token: %d", code)
 	}
@@ -95,9 +96,12 @@ func TestServeDevAndTokenCreate(t *testing.T) {
 		t.Fatalf("cluster without token: %d", code)
 	}
 
-	t.Setenv("MYRIARCH_DATABASE_URL", dsn)
+	// The README's next step: more tokens through the API with the
+	// admin token; the database is not needed (nor its URL known).
+	t.Setenv("MYRIARCH_SERVER", base)
+	t.Setenv("MYRIARCH_TOKEN", admin)
 	var tout, terr syncBuf
-	if code := commands.Dispatch([]string{"token", "create", "--name", "ci"}, &tout, &terr); code != 0 {
+	if code := commands.Dispatch([]string{"token", "create", "--name", "ci", "--role", "operator"}, &tout, &terr); code != 0 {
 		t.Fatalf("token create: %d %s", code, terr.String())
 	}
 	tok := strings.TrimSpace(tout.String())

@@ -7,13 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
-// `myriarchd token create|list|revoke` against a real PostgreSQL, with a
-// running replica that refuses a revoked token at once.
-func TestTokenListAndRevoke(t *testing.T) {
+// `myriarchd token bootstrap` writes the first admin token to the
+// database; `token create|list|revoke` go through the API with it, and
+// a running replica refuses a revoked token at once.
+func TestTokenBootstrapCreateListAndRevoke(t *testing.T) {
 	pg := pgtest.New(t)
 	t.Setenv("MYRIARCH_DATABASE_URL", pg.DSN(""))
 	run := func(args ...string) (string, string, int) {
@@ -21,56 +22,61 @@ func TestTokenListAndRevoke(t *testing.T) {
 		code := commands.Dispatch(append([]string{"token"}, args...), &out, &errb)
 		return out.String(), errb.String(), code
 	}
-	idRe := regexp.MustCompile(`Token id (\d+) \(`)
-	create := func(name string) (string, int64) {
-		out, errOut, code := run("create", "--name", name)
-		m := idRe.FindStringSubmatch(errOut)
-		if code != 0 || m == nil {
-			t.Fatalf("create %s: %d %q %q", name, code, out, errOut)
-		}
-		id, _ := strconv.ParseInt(m[1], 10, 64)
-		return strings.TrimSpace(out), id
+	out, errOut, code := run("bootstrap", "--name", "admin")
+	if code != 0 || !strings.HasPrefix(out, "myr_") {
+		t.Fatalf("bootstrap: %d %q %q", code, out, errOut)
 	}
-	adminTok, _ := create("admin")
-	ciTok, ciID := create("ci")
+	adminTok := strings.TrimSpace(out)
+	if _, errOut, code = run("bootstrap", "--name", "again"); code != 1 || !strings.Contains(errOut, "an active admin token exists") {
+		t.Fatalf("second bootstrap: %d %q", code, errOut)
+	}
 
 	d := inProcessReplica(t, pg.DSN(""), "replica-t", nil)
 	base := "http://" + d.HTTPAddr().String()
-	if get(t, base+"/api/v1/agents", ciTok) != 200 || get(t, base+"/api/v1/agents", adminTok) != 200 {
-		t.Fatal("created tokens do not work")
+	t.Setenv("MYRIARCH_SERVER", base)
+	t.Setenv("MYRIARCH_TOKEN", adminTok)
+	idRe := regexp.MustCompile(`Token id (\d+) \(ci, role operator\)`)
+	out, errOut, code = run("create", "--name", "ci", "--role", "operator")
+	m := idRe.FindStringSubmatch(errOut)
+	if code != 0 || m == nil || !strings.HasPrefix(out, "myr_") {
+		t.Fatalf("create: %d %q %q", code, out, errOut)
+	}
+	ciTok := strings.TrimSpace(out)
+	ciID, _ := strconv.ParseInt(m[1], 10, 64)
+	if get(t, base+"/api/v1/agents", ciTok) != 200 {
+		t.Fatal("the created token does not work")
+	}
+	// An operator token may not create tokens: the API's roles apply.
+	if _, errOut, code = run("create", "--name", "x", "--role", "admin", "--token", ciTok); code != 1 || !strings.Contains(errOut, "needs role admin") || !strings.Contains(errOut, "HTTP 403") {
+		t.Fatalf("create with an operator token: %d %q", code, errOut)
 	}
 
-	out, errOut, code := run("list")
+	out, errOut, code = run("list")
 	if code != 0 || !regexp.MustCompile(`(?m)^ID\s+NAME\s+ROLE\s+CREATED\s+LAST USED\s+STATUS$`).MatchString(out) ||
-		!regexp.MustCompile(`(?m)^`+strconv.FormatInt(ciID, 10)+`\s+ci\s+admin\s+\S+\s+\S+\s+active$`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^`+strconv.FormatInt(ciID, 10)+`\s+ci\s+operator\s+\S+\s+\S+\s+active$`).MatchString(out) {
 		t.Fatalf("list: %d %q %q", code, out, errOut)
 	}
 	if strings.Contains(out, ciTok) || strings.Contains(out, adminTok) {
 		t.Fatal("list shows a token")
 	}
-
-	out, errOut, code = run("revoke", strconv.FormatInt(ciID, 10), "--config", "")
+	out, errOut, code = run("revoke", strconv.FormatInt(ciID, 10))
 	if code != 0 || !strings.Contains(out, "revoked token "+strconv.FormatInt(ciID, 10)+" (ci)") {
 		t.Fatalf("revoke: %d %q %q", code, out, errOut)
 	}
-	// Refused by the running replica with the next request.
 	if c := get(t, base+"/api/v1/agents", ciTok); c != 401 {
 		t.Fatalf("revoked token still accepted: %d", c)
-	}
-	if get(t, base+"/api/v1/agents", adminTok) != 200 {
-		t.Fatal("the other token stopped working")
 	}
 	if out, _, code = run("revoke", strconv.FormatInt(ciID, 10)); code != 0 || !strings.Contains(out, "already revoked") {
 		t.Fatalf("second revoke: %d %q", code, out)
 	}
-	out, _, code = run("list", "--status", "revoked", "--json")
-	var list struct{ Tokens []store.Token }
+	out, _, code = run("list", "--status", "revoked", "-o", "json")
+	var list api.TokenList
 	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list.Tokens) != 1 ||
-		list.Tokens[0].ID != ciID || list.Tokens[0].RevokedAt == nil || !strings.HasPrefix(list.Tokens[0].RevokedBy, "command line") {
+		list.Tokens[0].ID != ciID || list.Tokens[0].RevokedAt == nil || !strings.HasPrefix(list.Tokens[0].RevokedBy, "token admin") {
 		t.Fatalf("list revoked: %d %q %v", code, out, err)
 	}
-	if out, _, code = run("list", "--status", "active"); code != 0 || !strings.Contains(out, " admin ") || strings.Contains(out, " ci ") {
-		t.Fatalf("list active: %d %q", code, out)
+	if out, _, code = run("list", "--status", "active", "-o", "yaml"); code != 0 || !strings.Contains(out, "name: admin") || strings.Contains(out, "name: ci") {
+		t.Fatalf("list active as YAML: %d %q", code, out)
 	}
 
 	for _, c := range []struct {
@@ -78,11 +84,13 @@ func TestTokenListAndRevoke(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"revoke", strconv.FormatInt(ciID+100, 10)}, 1, "no token with id"},
+		{[]string{"revoke", strconv.FormatInt(ciID+100, 10)}, 1, "no token"},
 		{[]string{"revoke", "x"}, 2, `id "x"`},
-		{[]string{"revoke"}, 2, "exactly one token id"},
-		{[]string{"list", "--status", "old"}, 2, "--status"},
-		{[]string{"list", "extra"}, 2, "unexpected"},
+		{[]string{"revoke"}, 2, "takes ID"},
+		{[]string{"list", "--status", "old"}, 2, "status: must be active or revoked (HTTP 400)"},
+		{[]string{"list", "extra"}, 2, "takes no arguments"},
+		{[]string{"create", "--name", "n"}, 2, `--role: role "": must be one of viewer, operator, admin`},
+		{[]string{"list", "-o", "xml"}, 2, `--output "xml"`},
 		{[]string{"frob"}, 2, "Usage"},
 	} {
 		_, errOut, code := run(c.args...)

@@ -153,6 +153,8 @@ func TestBridgeConfigurationsOverTheAPIAndTheCommand(t *testing.T) {
 	if err := os.WriteFile(file, []byte(refusedByAdmission), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv("MYRIARCH_SERVER", "http://"+d.HTTPAddr().String())
+	t.Setenv("MYRIARCH_TOKEN", tok)
 	var out, errb syncBuf
 	code := commands.Dispatch([]string{"config", "revise", "plant", "--file", file}, &out, &errb)
 	if code != 2 || !strings.Contains(errb.String(), file+":31: routes[0].failover_slo: 30s") || strings.Contains(errb.String(), "config:31") {

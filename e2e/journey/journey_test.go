@@ -163,7 +163,7 @@ func TestJourney(t *testing.T) {
 	until(t, "replica-a to lead", time.Minute, func() bool { return a.metric("myriarch_leader") == 1 })
 	b := startReplica(t, myriarchd, "replica-b", settings)
 	lb := startBalancer(t, a.opamp, b.opamp)
-	tokCmd := exec.Command(myriarchd, "token", "create", "--name", "journey")
+	tokCmd := exec.Command(myriarchd, "token", "bootstrap", "--name", "journey")
 	tokCmd.Env = append(os.Environ(), "MYRIARCH_DATABASE_URL="+dsn)
 	// The operator's view is replica B's API (B survives the journey).
 	api := client{t: t, base: "http://" + b.http, token: strings.TrimSpace(runQuiet(t, tokCmd))}

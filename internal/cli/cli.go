@@ -45,6 +45,16 @@ func (r *Registry) Register(c Command) {
 	r.commands[c.Name] = c
 }
 
+// Names lists the registered commands, sorted.
+func (r *Registry) Names() []string {
+	names := make([]string, 0, len(r.commands))
+	for n := range r.commands {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // Main dispatches os.Args and exits with the command's status.
 func (r *Registry) Main() {
 	os.Exit(r.Dispatch(os.Args[1:], os.Stdout, os.Stderr))

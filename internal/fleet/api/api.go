@@ -153,6 +153,9 @@ func (a *API) Register(mux *http.ServeMux) {
 	if a.o.Gatherer != nil {
 		a.public(mux, "GET /metrics", promhttp.HandlerFor(a.o.Gatherer, promhttp.HandlerOpts{}))
 	}
+	// The document describes the API's shape, which is no secret (it is
+	// in the source): tools fetch it before they hold a token.
+	a.public(mux, "GET /api/v1/openapi.json", http.HandlerFunc(a.serveOpenAPI))
 	a.route(mux, store.RoleViewer, "GET /api/v1/overview", a.overview)
 	a.route(mux, store.RoleViewer, "GET /api/v1/agents", a.listAgents)
 	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}", a.getAgent)
@@ -161,6 +164,7 @@ func (a *API) Register(mux *http.ServeMux) {
 	a.registerAgentCredentials(mux)
 	a.route(mux, store.RoleViewer, "GET /api/v1/cluster", a.cluster)
 	a.route(mux, store.RoleAdmin, "GET /api/v1/tokens", a.listTokens)
+	a.route(mux, store.RoleAdmin, "POST /api/v1/tokens", a.createToken)
 	a.route(mux, store.RoleAdmin, "DELETE /api/v1/tokens/{id}", a.revokeToken)
 	a.registerConfigs(mux)
 	a.registerPackages(mux)
@@ -295,8 +299,16 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = enc.Encode(v)
 }
 
+// writeErr answers an error (ErrorBody). A refused request (400, 422)
+// whose message locates problems in content ("config:12: routes[0].x:
+// ...") also lists them in problems, so that a client can point at the
+// file and line it sent.
 func writeErr(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
+	b := ErrorBody{Error: msg}
+	if code == http.StatusBadRequest || code == http.StatusUnprocessableEntity {
+		b.Problems = problemsOf(msg)
+	}
+	writeJSON(w, code, b)
 }
 
 // Overview is the fleet overview.

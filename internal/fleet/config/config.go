@@ -560,10 +560,11 @@ func Lookup(key string) (Setting, bool) {
 }
 
 // OtherEnv are the MYRIARCH_* environment variables that are not settings
-// but that myriarchd's commands read (the file of serve, token, rollouts and
-// budget; the server and token of `myriarchd agent`). Load accepts them;
+// but that myriarchd's commands read (the file of serve, migrate, token
+// bootstrap and budget; the server, token, CA and contexts file of the
+// commands that call the API). Load accepts them;
 // every other MYRIARCH_* variable that names no setting is refused.
-var OtherEnv = []string{"MYRIARCH_CONFIG", "MYRIARCH_SERVER", "MYRIARCH_TOKEN"}
+var OtherEnv = []string{"MYRIARCH_CONFIG", "MYRIARCH_SERVER", "MYRIARCH_TOKEN", "MYRIARCH_CA_FILE", "MYRIARCH_CONTEXTS"}
 
 // looksLikeASetting reports whether name, a MYRIARCH_* variable that is no
 // setting, was meant as one: it starts with a section of the settings

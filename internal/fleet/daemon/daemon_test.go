@@ -19,6 +19,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/api/openapitest"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
@@ -26,7 +27,13 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// Every answer of the API that the tests receive through the default
+// client (http.Get, http.DefaultClient) is validated against its OpenAPI
+// document. (Not http.DefaultTransport: the S3 store clones it.)
+func TestMain(m *testing.M) {
+	http.DefaultClient.Transport = openapitest.Transport(nil)
+	goleak.VerifyTestMain(m)
+}
 
 const secret = "0123456789abcdef-secret"
 

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/api/openapitest"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/ui"
@@ -117,7 +118,9 @@ func TestEveryEndpointEnforcesItsRole(t *testing.T) {
 	victim, _, _ := d.Store.IssueTokenRole(ctx, "victim", store.RoleViewer)
 	values := map[string]string{"{uid}": uid, "{id}": fmt.Sprint(victim.ID), "{name}": "edge", "{rev}": "1", "{command}": "pause"}
 
-	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	// Every answer of every endpoint to every role is also checked
+	// against the OpenAPI document.
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Transport: openapitest.Transport(nil)}
 	call := func(method, path, bearer, cookie string) int {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(`{"config": "a: 1"}`))
 		if bearer != "" {

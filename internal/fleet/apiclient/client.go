@@ -1,0 +1,403 @@
+// Package apiclient is the Go client of myriarchd's REST API: one typed
+// method per endpoint over the api package's request and answer types, a
+// token, and a server's own CA. The CLI (cmd/myriarchd) uses it for every
+// command that is not serve, migrate, token bootstrap or a lab, so that
+// what the CLI does passes the API's roles, validation and logs; and the
+// contexts file (contexts.go) names the servers and tokens of several
+// clusters.
+package apiclient
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/releases"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/upgrades"
+)
+
+// Client calls one replica's API.
+type Client struct {
+	base  *url.URL
+	token string
+	hc    *http.Client
+}
+
+// Options name the server and the credentials.
+type Options struct {
+	// Server is the base URL of a replica's API (http:// or https://).
+	Server string
+	// Token is an API token (myr_...).
+	Token string
+	// CAFile is a PEM bundle of the CA that signed the server's
+	// certificate, for a private CA; empty: the system's roots.
+	CAFile string
+	// Transport is the HTTP transport (tests); nil: a default one.
+	Transport http.RoundTripper
+	// Timeout bounds each call; default 30s.
+	Timeout time.Duration
+}
+
+// New checks o and returns a client. It refuses a missing token and a
+// server that is not an http(s) URL, naming the setting.
+func New(o Options) (*Client, error) {
+	base, err := url.Parse(o.Server)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, fmt.Errorf("server %q: must be an http:// or https:// URL of a myriarchd replica", o.Server)
+	}
+	if o.Token == "" {
+		return nil, errors.New("token: required: an API token (myriarchd token create, or token bootstrap for the first one)")
+	}
+	if strings.ContainsAny(o.Token, " \t\r\n") {
+		return nil, errors.New("token: must not contain white space")
+	}
+	rt := o.Transport
+	if rt == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		if o.CAFile != "" {
+			pem, err := os.ReadFile(o.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("ca file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("ca file %s: no PEM certificate in it", o.CAFile)
+			}
+			tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		}
+		rt = tr
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	base.Path = strings.TrimSuffix(base.Path, "/")
+	return &Client{base: base, token: o.Token, hc: &http.Client{Transport: rt, Timeout: o.Timeout}}, nil
+}
+
+// Server is the base URL the client calls.
+func (c *Client) Server() string { return c.base.String() }
+
+// Error is an answer of the server that is not a success.
+type Error struct {
+	Method, Path string
+	Status       int
+	// Message is the server's error; the body itself when it is not the
+	// API's error body.
+	Message  string
+	Problems []api.Problem
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s (HTTP %d from %s %s)", e.Message, e.Status, e.Method, e.Path)
+}
+
+// Do sends method path (with query q) and body (JSON, nil for none) and
+// decodes a success answer into out (nil: discard). An answer that is not
+// a success is an *Error.
+func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body, out any) error {
+	raw, err := c.DoRaw(ctx, method, path, q, body)
+	if err != nil || out == nil || len(raw) == 0 {
+		return err
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("%s %s: unexpected answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// DoRaw is Do returning the body of a success answer as it came.
+func (c *Client) DoRaw(ctx context.Context, method, path string, q url.Values, body any) ([]byte, error) {
+	u := *c.base
+	u.Path += path
+	u.RawQuery = q.Encode()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, c.base.Redacted()+path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return raw, nil
+	}
+	e := &Error{Method: method, Path: path, Status: resp.StatusCode}
+	var eb api.ErrorBody
+	if json.Unmarshal(raw, &eb) == nil && eb.Error != "" {
+		e.Message, e.Problems = eb.Error, eb.Problems
+	} else {
+		e.Message = strings.TrimSpace(string(raw))
+		if e.Message == "" {
+			e.Message = http.StatusText(resp.StatusCode)
+		}
+	}
+	return nil, e
+}
+
+func p(s string) string { return url.PathEscape(s) }
+
+// Overview is GET /api/v1/overview.
+func (c *Client) Overview(ctx context.Context) (api.Overview, error) {
+	var v api.Overview
+	return v, c.Do(ctx, "GET", "/api/v1/overview", nil, nil, &v)
+}
+
+// Cluster is GET /api/v1/cluster.
+func (c *Client) Cluster(ctx context.Context) (api.ClusterInfo, error) {
+	var v api.ClusterInfo
+	return v, c.Do(ctx, "GET", "/api/v1/cluster", nil, nil, &v)
+}
+
+// Agents is GET /api/v1/agents with the filters in q (status, replica,
+// selector, kind, limit, after).
+func (c *Client) Agents(ctx context.Context, q url.Values) (api.AgentList, error) {
+	var v api.AgentList
+	return v, c.Do(ctx, "GET", "/api/v1/agents", q, nil, &v)
+}
+
+// Agent is GET /api/v1/agents/{uid}; the answer as it came (the CLI
+// prints fields the store's Agent does not decode, such as capability names).
+func (c *Client) Agent(ctx context.Context, uid string) ([]byte, error) {
+	return c.DoRaw(ctx, "GET", "/api/v1/agents/"+p(uid), nil, nil)
+}
+
+// SetAgentConfig is PUT /api/v1/agents/{uid}/config.
+func (c *Client) SetAgentConfig(ctx context.Context, uid, content string) (api.ConfigAccepted, error) {
+	var v api.ConfigAccepted
+	return v, c.Do(ctx, "PUT", "/api/v1/agents/"+p(uid)+"/config", nil, api.ConfigRequest{Config: content}, &v)
+}
+
+// ClearAgentConfig is DELETE /api/v1/agents/{uid}/config.
+func (c *Client) ClearAgentConfig(ctx context.Context, uid string) (api.ConfigAccepted, error) {
+	var v api.ConfigAccepted
+	return v, c.Do(ctx, "DELETE", "/api/v1/agents/"+p(uid)+"/config", nil, nil, &v)
+}
+
+// RestartAgent is POST /api/v1/agents/{uid}/restart.
+func (c *Client) RestartAgent(ctx context.Context, uid string) (api.AgentAccepted, error) {
+	var v api.AgentAccepted
+	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/restart", nil, nil, &v)
+}
+
+// AgentCredential is GET /api/v1/agents/{uid}/credential.
+func (c *Client) AgentCredential(ctx context.Context, uid string) (store.AgentCredential, error) {
+	var v store.AgentCredential
+	return v, c.Do(ctx, "GET", "/api/v1/agents/"+p(uid)+"/credential", nil, nil, &v)
+}
+
+// RotateCredential is POST /api/v1/agents/{uid}/credential/rotate.
+func (c *Client) RotateCredential(ctx context.Context, uid string) (api.AgentAccepted, error) {
+	var v api.AgentAccepted
+	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/credential/rotate", nil, nil, &v)
+}
+
+// AllowReenroll is POST /api/v1/agents/{uid}/credential/allow-reenroll.
+func (c *Client) AllowReenroll(ctx context.Context, uid string) (store.AgentCredential, error) {
+	var v store.AgentCredential
+	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/credential/allow-reenroll", nil, nil, &v)
+}
+
+// RevokeAgent is POST /api/v1/agents/{uid}/revoke.
+func (c *Client) RevokeAgent(ctx context.Context, uid string) (store.AgentCredential, error) {
+	var v store.AgentCredential
+	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/revoke", nil, nil, &v)
+}
+
+// Assignment is GET /api/v1/agents/{uid}/assignment.
+func (c *Client) Assignment(ctx context.Context, uid string) (store.Assignment, error) {
+	var v store.Assignment
+	return v, c.Do(ctx, "GET", "/api/v1/agents/"+p(uid)+"/assignment", nil, nil, &v)
+}
+
+// Tokens is GET /api/v1/tokens (status: "", active or revoked).
+func (c *Client) Tokens(ctx context.Context, status string) (api.TokenList, error) {
+	var v api.TokenList
+	q := url.Values{}
+	if status != "" {
+		q.Set("status", status)
+	}
+	return v, c.Do(ctx, "GET", "/api/v1/tokens", q, nil, &v)
+}
+
+// CreateToken is POST /api/v1/tokens.
+func (c *Client) CreateToken(ctx context.Context, name string, role store.Role) (api.NewToken, error) {
+	var v api.NewToken
+	return v, c.Do(ctx, "POST", "/api/v1/tokens", nil, api.TokenRequest{Name: name, Role: role}, &v)
+}
+
+// RevokeToken is DELETE /api/v1/tokens/{id}.
+func (c *Client) RevokeToken(ctx context.Context, id int64) (api.Revocation, error) {
+	var v api.Revocation
+	return v, c.Do(ctx, "DELETE", "/api/v1/tokens/"+strconv.FormatInt(id, 10), nil, nil, &v)
+}
+
+// Configs is GET /api/v1/configs.
+func (c *Client) Configs(ctx context.Context) (api.ConfigList, error) {
+	var v api.ConfigList
+	return v, c.Do(ctx, "GET", "/api/v1/configs", nil, nil, &v)
+}
+
+// Config is GET /api/v1/configs/{name}.
+func (c *Client) Config(ctx context.Context, name string) (api.ConfigDetail, error) {
+	var v api.ConfigDetail
+	return v, c.Do(ctx, "GET", "/api/v1/configs/"+p(name), nil, nil, &v)
+}
+
+// PutConfig is PUT /api/v1/configs/{name}.
+func (c *Client) PutConfig(ctx context.Context, name string, req api.PutConfigRequest) (api.ConfigDetail, error) {
+	var v api.ConfigDetail
+	return v, c.Do(ctx, "PUT", "/api/v1/configs/"+p(name), nil, req, &v)
+}
+
+// AddRevision is POST /api/v1/configs/{name}/revisions.
+func (c *Client) AddRevision(ctx context.Context, name, content string) (api.RevisionResult, error) {
+	var v api.RevisionResult
+	return v, c.Do(ctx, "POST", "/api/v1/configs/"+p(name)+"/revisions", nil, api.RevisionRequest{Content: content}, &v)
+}
+
+// Revision is GET /api/v1/configs/{name}/revisions/{rev}.
+func (c *Client) Revision(ctx context.Context, name string, rev int) (store.Revision, error) {
+	var v store.Revision
+	return v, c.Do(ctx, "GET", "/api/v1/configs/"+p(name)+"/revisions/"+strconv.Itoa(rev), nil, nil, &v)
+}
+
+// Diff is GET /api/v1/configs/{name}/diff?from=&to=.
+func (c *Client) Diff(ctx context.Context, name string, from, to int) (api.DiffResult, error) {
+	var v api.DiffResult
+	q := url.Values{"from": {strconv.Itoa(from)}, "to": {strconv.Itoa(to)}}
+	return v, c.Do(ctx, "GET", "/api/v1/configs/"+p(name)+"/diff", q, nil, &v)
+}
+
+// GitOps is GET /api/v1/gitops.
+func (c *Client) GitOps(ctx context.Context) (api.GitOpsList, error) {
+	var v api.GitOpsList
+	return v, c.Do(ctx, "GET", "/api/v1/gitops", nil, nil, &v)
+}
+
+// Rollouts is GET /api/v1/rollouts (config: "" for every configuration).
+func (c *Client) Rollouts(ctx context.Context, config string) (api.RolloutList, error) {
+	var v api.RolloutList
+	q := url.Values{}
+	if config != "" {
+		q.Set("config", config)
+	}
+	return v, c.Do(ctx, "GET", "/api/v1/rollouts", q, nil, &v)
+}
+
+// CreateRollout is POST /api/v1/rollouts.
+func (c *Client) CreateRollout(ctx context.Context, req rollout.Request) (rollout.Rollout, error) {
+	var v rollout.Rollout
+	return v, c.Do(ctx, "POST", "/api/v1/rollouts", nil, req, &v)
+}
+
+// Rollout is GET /api/v1/rollouts/{id}.
+func (c *Client) Rollout(ctx context.Context, id int64) (rollout.Detail, error) {
+	var v rollout.Detail
+	return v, c.Do(ctx, "GET", "/api/v1/rollouts/"+strconv.FormatInt(id, 10), nil, nil, &v)
+}
+
+// RolloutCommand is POST /api/v1/rollouts/{id}/{command}.
+func (c *Client) RolloutCommand(ctx context.Context, id int64, command string) (rollout.Rollout, error) {
+	var v rollout.Rollout
+	return v, c.Do(ctx, "POST", "/api/v1/rollouts/"+strconv.FormatInt(id, 10)+"/"+p(command), nil, nil, &v)
+}
+
+// Packages is GET /api/v1/packages.
+func (c *Client) Packages(ctx context.Context) (api.PackageList, error) {
+	var v api.PackageList
+	return v, c.Do(ctx, "GET", "/api/v1/packages", nil, nil, &v)
+}
+
+// PutPackage is PUT /api/v1/packages/{name}.
+func (c *Client) PutPackage(ctx context.Context, name string, req api.PackageRequest) (releases.Source, error) {
+	var v releases.Source
+	return v, c.Do(ctx, "PUT", "/api/v1/packages/"+p(name), nil, req, &v)
+}
+
+// DeletePackage is DELETE /api/v1/packages/{name}.
+func (c *Client) DeletePackage(ctx context.Context, name string) error {
+	return c.Do(ctx, "DELETE", "/api/v1/packages/"+p(name), nil, nil, nil)
+}
+
+// Releases is GET /api/v1/releases, or /api/v1/packages/{name}/releases
+// for one package.
+func (c *Client) Releases(ctx context.Context, pkg string) (api.ReleaseList, error) {
+	var v api.ReleaseList
+	path := "/api/v1/releases"
+	if pkg != "" {
+		path = "/api/v1/packages/" + p(pkg) + "/releases"
+	}
+	return v, c.Do(ctx, "GET", path, nil, nil, &v)
+}
+
+// Versions is GET /api/v1/packages/versions.
+func (c *Client) Versions(ctx context.Context) (api.VersionList, error) {
+	var v api.VersionList
+	return v, c.Do(ctx, "GET", "/api/v1/packages/versions", nil, nil, &v)
+}
+
+// Artifacts is GET /api/v1/artifacts.
+func (c *Client) Artifacts(ctx context.Context) (api.ArtifactList, error) {
+	var v api.ArtifactList
+	return v, c.Do(ctx, "GET", "/api/v1/artifacts", nil, nil, &v)
+}
+
+// Offer is POST /api/v1/packages/{name}/offers.
+func (c *Client) Offer(ctx context.Context, pkg string, req api.OfferRequest) (api.OfferList, error) {
+	var v api.OfferList
+	return v, c.Do(ctx, "POST", "/api/v1/packages/"+p(pkg)+"/offers", nil, req, &v)
+}
+
+// CreatePackageRollout is POST /api/v1/packages/{name}/rollouts.
+func (c *Client) CreatePackageRollout(ctx context.Context, pkg string, req api.PackageRolloutRequest) (upgrades.Rollout, error) {
+	var v upgrades.Rollout
+	return v, c.Do(ctx, "POST", "/api/v1/packages/"+p(pkg)+"/rollouts", nil, req, &v)
+}
+
+// PackageRollouts is GET /api/v1/package-rollouts.
+func (c *Client) PackageRollouts(ctx context.Context) (api.PackageRolloutList, error) {
+	var v api.PackageRolloutList
+	return v, c.Do(ctx, "GET", "/api/v1/package-rollouts", nil, nil, &v)
+}
+
+// PackageRolloutCommand is POST /api/v1/package-rollouts/{id}/{command}.
+func (c *Client) PackageRolloutCommand(ctx context.Context, id int64, command string) error {
+	return c.Do(ctx, "POST", "/api/v1/package-rollouts/"+strconv.FormatInt(id, 10)+"/"+p(command), nil, nil, nil)
+}
+
+// OpenAPI is GET /api/v1/openapi.json, as it came.
+func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
+	return c.DoRaw(ctx, "GET", "/api/v1/openapi.json", nil, nil)
+}
