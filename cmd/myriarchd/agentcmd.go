@@ -22,12 +22,13 @@ func init() {
 		apiCmd{group: "agent", name: "list", summary: "list agents (GET /api/v1/agents)",
 			flags: map[string]string{"status": "online or offline", "selector": "key=value,... over the agents' attributes",
 				"kind": "bridge: only the bridges", "replica": "connected to this replica", "limit": "page size within [1, 1000]",
+				"bridge-id": "bridges reporting this bridge id", "role": "bridges with a session in this role (owner, standby, ...)",
 				"after": "the cursor of the next page (printed after a full page)"},
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
 				q := url.Values{}
-				for _, k := range []string{"status", "selector", "kind", "replica", "limit", "after"} {
+				for _, k := range []string{"status", "selector", "kind", "replica", "limit", "after", "bridge-id", "role"} {
 					if v := x.str(k); v != "" {
-						q.Set(k, v)
+						q.Set(strings.ReplaceAll(k, "-", "_"), v)
 					}
 				}
 				l, err := c.Agents(ctx, q)
@@ -126,7 +127,7 @@ func ts(t *time.Time) string {
 
 func printAgents(w io.Writer, agents []store.Agent, next string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "UID\tSERVICE\tSTATUS\tREPLICA\tHEALTH\tCONFIG\tLAST SEEN")
+	fmt.Fprintln(tw, "UID\tSERVICE\tSTATUS\tREPLICA\tHEALTH\tCONFIG\tBRIDGE\tROLES\tLAST SEEN")
 	for _, a := range agents {
 		health := "-"
 		if a.Healthy != nil {
@@ -136,7 +137,8 @@ func printAgents(w io.Writer, agents []store.Agent, next string) {
 		if rc == "" {
 			rc = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.InstanceUID, a.Identifying["service.name"], a.Status, a.ReplicaID, health, rc, ts(&a.LastSeen))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.InstanceUID, a.Identifying["service.name"], a.Status, a.ReplicaID, health, rc,
+			dash(a.BridgeID()), dash(strings.Join(a.Roles(), ",")), ts(&a.LastSeen))
 	}
 	_ = tw.Flush()
 	if next != "" {

@@ -139,6 +139,16 @@ func (x *apiCall) revision(i int) int {
 	return n
 }
 
+// revisionOrEmpty is revision, where 0 also stands for the empty document
+// (the side a diff of the first revision starts from).
+func (x *apiCall) revisionOrEmpty(i int) int {
+	n, err := strconv.Atoi(x.arg(i))
+	if err != nil || n < 0 {
+		x.bad = append(x.bad, fmt.Sprintf("revision %q: must be 0 (the empty document) or a positive integer", x.arg(i)))
+	}
+	return n
+}
+
 // errBadInput is returned by a step that recorded refused input in x.bad.
 var errBadInput = errors.New("bad input")
 

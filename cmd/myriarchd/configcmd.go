@@ -64,17 +64,30 @@ func init() {
 				r, err := c.Revision(ctx, x.arg(0), n)
 				return r, func(w io.Writer) { io.WriteString(w, r.Content) }, err
 			}},
-		apiCmd{group: "config", name: "diff", args: []string{"NAME", "FROM", "TO"}, summary: "unified diff between two revisions (GET /api/v1/configs/{name}/diff)",
+		apiCmd{group: "config", name: "diff", args: []string{"NAME", "FROM", "TO"}, summary: "unified diff between two revisions; 0 is the empty document (GET /api/v1/configs/{name}/diff)",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				from, to := x.revision(1), x.revision(2)
+				from, to := x.revisionOrEmpty(1), x.revisionOrEmpty(2)
 				if err := x.refused(); err != nil {
 					return nil, nil, err
 				}
 				d, err := c.Diff(ctx, x.arg(0), from, to)
 				return d, func(w io.Writer) { io.WriteString(w, d.Diff) }, err
 			}},
+		apiCmd{group: "config", name: "preview", args: []string{"NAME", "REVISION"}, summary: "what each agent of the configuration runs now against the revision, grouped by effective config, with the diff (GET /api/v1/configs/{name}/revisions/{rev}/preview)",
+			flags: map[string]string{"selector": "narrows the agents: key=value,... over their attributes"},
+			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
+				n := x.revision(1)
+				if _, err := store.ParseSelector(x.str("selector")); err != nil {
+					x.bad = append(x.bad, "--selector: "+err.Error())
+				}
+				if err := x.refused(); err != nil {
+					return nil, nil, err
+				}
+				pv, err := c.Preview(ctx, x.arg(0), n, x.str("selector"))
+				return pv, func(w io.Writer) { printPreview(w, pv) }, err
+			}},
 	)
-	registerGroup("config", "configurations: config list | show NAME | put NAME --type T | revise NAME --file F | diff NAME A B | cat NAME REV",
+	registerGroup("config", "configurations: config list | show NAME | put NAME --type T | revise NAME --file F | diff NAME A B | cat NAME REV | preview NAME REV",
 		"A revision is validated for its type before it is stored; storing it sends\nnothing to agents: a rollout does (myriarchd rollout create NAME).", nil)
 
 	id := []string{"ID"}
@@ -90,6 +103,16 @@ func init() {
 				return ro, func(w io.Writer) {
 					fmt.Fprintf(w, "rollout %d created: %s revision %d → %d; the leader plans it within jobs.rolloutInterval\n", ro.ID, ro.Config, ro.FromRevision, ro.ToRevision)
 				}, err
+			}},
+		apiCmd{group: "rollout", name: "plan", args: name, summary: "dry run of rollout create: the waves with their agents, the agents skipped and why; nothing is stored (POST /api/v1/rollouts/plan)",
+			flags: withSpecFlags(map[string]string{"to": "revision to roll out (default: the newest)"}),
+			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
+				req := rollout.Request{Config: x.arg(0), ToRevision: x.integer("to", 0), Spec: x.spec()}
+				if err := x.refused(); err != nil {
+					return nil, nil, err
+				}
+				pl, err := c.PlanRollout(ctx, req)
+				return pl, func(w io.Writer) { printPlan(w, pl) }, err
 			}},
 		apiCmd{group: "rollout", name: "list", args: []string{"[NAME]"}, summary: "rollouts, newest first; of configuration NAME only if given (GET /api/v1/rollouts)",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
@@ -119,7 +142,7 @@ func init() {
 				}, err
 			}})
 	}
-	registerGroup("rollout", "configuration rollouts: rollout create NAME | list [NAME] | show ID | pause|resume|abort|rollback ID",
+	registerGroup("rollout", "configuration rollouts: rollout create NAME | plan NAME | list [NAME] | show ID | pause|resume|abort|rollback ID",
 		"The leader carries out a rollout and the commands; they take effect within\njobs.rolloutInterval.", nil)
 }
 
@@ -135,6 +158,7 @@ var specFlags = map[string]string{
 	"max-failed":         "more failed agents than this trip the failure policy (default 0)",
 	"max-failed-percent": "more failed agents than this share (percent) trip the failure policy; 0: not used",
 	"selector":           "narrows the configuration's selector: key=value,...",
+	"order":              "wave order: " + strings.Join(rollout.Orders, " or ") + " (bridges: every standby before the owner of its bridge; default " + rollout.OrderUID + ")",
 }
 
 func withSpecFlags(m map[string]string) map[string]string {
@@ -160,7 +184,8 @@ func (x *apiCall) spec() rollout.Spec {
 	}
 	return rollout.Spec{Waves: waves, MaxInProgress: x.integer("max-in-progress", rollout.DefaultMaxInProgress),
 		BakeS: rollout.Secs(x.duration("bake", rollout.DefaultBake).Seconds()), ApplyTimeoutS: x.duration("apply-timeout", rollout.DefaultApplyTimeout).Seconds(),
-		FailurePolicy: policy, MaxFailed: x.integer("max-failed", 0), MaxFailedPercent: x.number("max-failed-percent", 0), Selector: sel}
+		FailurePolicy: policy, MaxFailed: x.integer("max-failed", 0), MaxFailedPercent: x.number("max-failed-percent", 0), Selector: sel,
+		Order: x.str("order")}
 }
 
 func printConfigs(w io.Writer, cs []store.ConfigDef) {
@@ -215,4 +240,41 @@ func printRollout(w io.Writer, d rollout.Detail) {
 // or a wave.
 func agentCounts(n map[string]int) string {
 	return fmt.Sprintf("%d\t%d\t%d\t%d\t%d", n[rollout.AgentApplied], n[rollout.AgentFailed], n[rollout.AgentPending], n[rollout.AgentInProgress], n[rollout.AgentSkipped])
+}
+
+func printPlan(w io.Writer, p rollout.Plan) {
+	fmt.Fprintf(w, "plan: %s revision %d, order %s, %d wave(s)\n", p.Config, p.Revision, p.Order, len(p.Waves))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WAVE\tAGENT\tBRIDGE\tROLES")
+	for _, wv := range p.Waves {
+		for _, a := range wv.Agents {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", wv.Index, a.UID, dash(a.BridgeID), dash(strings.Join(a.Roles, ",")))
+		}
+	}
+	_ = tw.Flush()
+	for _, sk := range p.Skipped {
+		fmt.Fprintf(w, "skipped %s: %s\n", sk.UID, sk.Reason)
+	}
+}
+
+func printPreview(w io.Writer, p configs.Preview) {
+	fmt.Fprintf(w, "preview: %s revision %d (hash %s), %d group(s) of agents by what they run now\n", p.Config, p.Revision, p.Hash, len(p.Groups))
+	for _, g := range p.Groups {
+		state := "would change"
+		if g.UpToDate {
+			state = "up to date"
+		}
+		fmt.Fprintf(w, "\n== %d agent(s) running %s: %s\n   %s\n", len(g.Agents), dash(g.EffectiveHash), state, strings.Join(g.Agents, " "))
+		if !g.UpToDate {
+			io.WriteString(w, g.Diff)
+		}
+	}
+}
+
+// dash stands in for an empty table cell.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -121,4 +121,32 @@ func TestConfigAndRolloutCommands(t *testing.T) {
 	if out, errOut, code := run("rollout", "pause", "2"); code != 1 || !strings.Contains(errOut, "rollout 2 is succeeded") {
 		t.Errorf("pause of a finished rollout: %d %q %q", code, out, errOut)
 	}
+
+	// Previews: the diff of the first revision starts from the empty
+	// document (the UI's diff form pre-fills 0 → 1), a revision is
+	// previewed against what the agent runs now, and a plan is a dry run.
+	if out := must("config", "diff", "web", "0", "1"); !strings.Contains(out, "+port: 80\n") {
+		t.Errorf("diff 0 1: %q", out)
+	}
+	refused(`revision "x": must be 0 (the empty document) or a positive integer`, "config", "diff", "web", "x", "1")
+	must("config", "revise", "web", "--file", write("v3.yaml", "port: 9090\n"))
+	if out := must("config", "preview", "web", "3"); !strings.Contains(out, "1 agent(s) running") || !strings.Contains(out, "would change") ||
+		!strings.Contains(out, ag.UIDString()) || !strings.Contains(out, "-port: 8080\n+port: 9090\n") {
+		t.Errorf("preview: %q", out)
+	}
+	if out := must("config", "preview", "web", "2"); !strings.Contains(out, "up to date") {
+		t.Errorf("preview of the running revision: %q", out)
+	}
+	out := must("rollout", "plan", "web", "--waves", "100%", "--order", "standbys-first")
+	if !strings.Contains(out, "plan: web revision 3, order standbys-first, 1 wave(s)") || !strings.Contains(out, ag.UIDString()) {
+		t.Errorf("plan: %q", out)
+	}
+	if out := must("rollout", "list"); strings.Contains(out, "2 → 3") {
+		t.Errorf("a plan stored a rollout: %q", out)
+	}
+	refused(`order "sideways"`, "rollout", "plan", "web", "--order", "sideways")
+	if out := must("agent", "list", "--role", "standby"); strings.Contains(out, ag.UIDString()) {
+		t.Errorf("agent list --role standby lists an agent without sessions: %q", out)
+	}
+	refused(`role`, "agent", "list", "--role", "boss")
 }

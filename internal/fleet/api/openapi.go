@@ -265,6 +265,8 @@ var (
 var customJSON = map[reflect.Type]map[string]any{
 	reflect.TypeFor[store.Agent](): {
 		"capability_names": map[string]any{"type": "array", "items": map[string]any{"type": "string"}},
+		"bridge_id":        map[string]any{"type": "string", "description": "the bridge id a myriarch-bridge reports (\"\" for other agents)"},
+		"roles":            map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "description": "the distinct roles of the bridge's sessions"},
 	},
 }
 

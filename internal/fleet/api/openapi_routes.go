@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/myriarch/myriarch/internal/fleet/artifacts"
+	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
@@ -26,7 +27,7 @@ var routeDocs = map[string]Doc{
 
 	"GET /api/v1/agents": {Summary: "a page of agents", Response: AgentList{}, Query: map[string]string{
 		"status": "online or offline", "replica": "connected to this replica", "selector": "key=value,... over the identifying and non-identifying attributes",
-		"kind": "bridge: the myriarch-bridge agents", "limit": "page size within [1, 1000]", "after": "the cursor of the next page (next of the previous page)"}},
+		"kind": "bridge: the myriarch-bridge agents", "bridge_id": "agents reporting this bridge id", "role": "agents with a session in this role (owner, standby, active, stopped)", "limit": "page size within [1, 1000]", "after": "the cursor of the next page (next of the previous page)"}},
 	"GET /api/v1/agents/{uid}":                            {Summary: "an agent and its newest events", Response: AgentDetail{}},
 	"PUT /api/v1/agents/{uid}/config":                     {Summary: "set the agent's desired remote configuration directly", Request: ConfigRequest{}, Status: http.StatusAccepted, Response: ConfigAccepted{}},
 	"DELETE /api/v1/agents/{uid}/config":                  {Summary: "clear the desired configuration (the agent is sent an empty one)", Status: http.StatusAccepted, Response: ConfigAccepted{}},
@@ -47,11 +48,14 @@ var routeDocs = map[string]Doc{
 	"PUT /api/v1/configs/{name}":                 {Summary: "create or update a configuration", Request: PutConfigRequest{}, Also: []int{http.StatusCreated}, Response: ConfigDetail{}},
 	"POST /api/v1/configs/{name}/revisions":      {Summary: "validate and store the next revision", Request: RevisionRequest{}, Also: []int{http.StatusCreated}, Response: RevisionResult{}},
 	"GET /api/v1/configs/{name}/revisions/{rev}": {Summary: "one revision with its content", Response: store.Revision{}},
-	"GET /api/v1/configs/{name}/diff":            {Summary: "unified diff between two revisions", Response: DiffResult{}, Query: map[string]string{"from": "revision", "to": "revision"}},
-	"GET /api/v1/gitops":                         {Summary: "status of every Git source", Response: GitOpsList{}},
+	"GET /api/v1/configs/{name}/diff":            {Summary: "unified diff between two revisions (revision 0 is the empty document)", Response: DiffResult{}, Query: map[string]string{"from": "revision (0: the empty document)", "to": "revision"}},
+	"GET /api/v1/configs/{name}/revisions/{rev}/preview": {Summary: "the agents assigned to the configuration, grouped by what they run now, with the diff to the revision",
+		Response: configs.Preview{}, Query: map[string]string{"selector": "key=value,... narrowing the agents by their attributes"}},
+	"GET /api/v1/gitops": {Summary: "status of every Git source", Response: GitOpsList{}},
 
 	"GET /api/v1/rollouts":                 {Summary: "rollouts, newest first", Response: RolloutList{}, Query: map[string]string{"config": "of this configuration", "limit": "at most this many"}},
 	"POST /api/v1/rollouts":                {Summary: "create a rollout (the leader plans and runs it)", Request: rollout.Request{}, Status: http.StatusAccepted, Response: rollout.Rollout{}},
+	"POST /api/v1/rollouts/plan":           {Summary: "dry run of a rollout: its waves with their agents, the agents skipped and why; nothing is stored", Request: rollout.Request{}, Response: rollout.Plan{}},
 	"GET /api/v1/rollouts/{id}":            {Summary: "a rollout with its waves and agents", Response: rollout.Detail{}, Query: map[string]string{"agents": "list at most this many agents"}},
 	"GET /api/v1/rollouts/{id}/intents":    {Summary: "the intents of a rollout", Response: IntentList{}},
 	"POST /api/v1/rollouts/{id}/{command}": {Summary: "pause, resume, abort or rollback a rollout", Status: http.StatusAccepted, Response: rollout.Rollout{}},

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
+	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
@@ -326,6 +327,23 @@ func (c *Client) CreateRollout(ctx context.Context, req rollout.Request) (rollou
 func (c *Client) Rollout(ctx context.Context, id int64) (rollout.Detail, error) {
 	var v rollout.Detail
 	return v, c.Do(ctx, "GET", "/api/v1/rollouts/"+strconv.FormatInt(id, 10), nil, nil, &v)
+}
+
+// PlanRollout is POST /api/v1/rollouts/plan: the dry run of CreateRollout.
+func (c *Client) PlanRollout(ctx context.Context, req rollout.Request) (rollout.Plan, error) {
+	var v rollout.Plan
+	return v, c.Do(ctx, "POST", "/api/v1/rollouts/plan", nil, req, &v)
+}
+
+// Preview is GET /api/v1/configs/{name}/revisions/{rev}/preview, narrowed
+// by selector ("" for every agent of the configuration).
+func (c *Client) Preview(ctx context.Context, name string, rev int, selector string) (configs.Preview, error) {
+	var v configs.Preview
+	q := url.Values{}
+	if selector != "" {
+		q.Set("selector", selector)
+	}
+	return v, c.Do(ctx, "GET", "/api/v1/configs/"+p(name)+"/revisions/"+strconv.Itoa(rev)+"/preview", q, nil, &v)
 }
 
 // RolloutCommand is POST /api/v1/rollouts/{id}/{command}.
