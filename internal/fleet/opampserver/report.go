@@ -1,6 +1,7 @@
 package opampserver
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -48,21 +49,11 @@ type ReportLimits struct {
 }
 
 func (l *ReportLimits) defaults() {
-	if l.MaxAttributes == 0 {
-		l.MaxAttributes = 256
-	}
-	if l.MaxKeyBytes == 0 {
-		l.MaxKeyBytes = 256
-	}
-	if l.MaxValueBytes == 0 {
-		l.MaxValueBytes = 4096
-	}
-	if l.MaxEffectiveConfigBytes == 0 {
-		l.MaxEffectiveConfigBytes = 1 << 20
-	}
-	if l.MaxHealthComponents == 0 {
-		l.MaxHealthComponents = 1000
-	}
+	l.MaxAttributes = cmp.Or(l.MaxAttributes, 256)
+	l.MaxKeyBytes = cmp.Or(l.MaxKeyBytes, 256)
+	l.MaxValueBytes = cmp.Or(l.MaxValueBytes, 4096)
+	l.MaxEffectiveConfigBytes = cmp.Or(l.MaxEffectiveConfigBytes, 1<<20)
+	l.MaxHealthComponents = cmp.Or(l.MaxHealthComponents, 1000)
 }
 
 // check returns "" when msg is within the limits, else the refusal: the

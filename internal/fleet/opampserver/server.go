@@ -30,6 +30,7 @@
 package opampserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -157,30 +158,14 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	if o.MaxMessageBytes == 0 {
-		o.MaxMessageBytes = 4 << 20
-	}
-	if o.AuthFailuresPerMinute == 0 {
-		o.AuthFailuresPerMinute = 30
-	}
-	if o.ReconnectsPerMinute == 0 {
-		o.ReconnectsPerMinute = 30
-	}
-	if o.OfflineAfter == 0 {
-		o.OfflineAfter = 90 * time.Second
-	}
-	if o.EnrollmentsPerMinute == 0 {
-		o.EnrollmentsPerMinute = 600
-	}
-	if o.SecretBackoff == 0 {
-		o.SecretBackoff = 30 * time.Second
-	}
-	if o.LearnHeartbeatWithin == 0 {
-		o.LearnHeartbeatWithin = 5 * time.Minute
-	}
-	if o.StormLogInterval == 0 {
-		o.StormLogInterval = time.Minute
-	}
+	o.MaxMessageBytes = cmp.Or(o.MaxMessageBytes, 4<<20)
+	o.AuthFailuresPerMinute = cmp.Or(o.AuthFailuresPerMinute, 30)
+	o.ReconnectsPerMinute = cmp.Or(o.ReconnectsPerMinute, 30)
+	o.OfflineAfter = cmp.Or(o.OfflineAfter, 90*time.Second)
+	o.EnrollmentsPerMinute = cmp.Or(o.EnrollmentsPerMinute, 600)
+	o.SecretBackoff = cmp.Or(o.SecretBackoff, 30*time.Second)
+	o.LearnHeartbeatWithin = cmp.Or(o.LearnHeartbeatWithin, 5*time.Minute)
+	o.StormLogInterval = cmp.Or(o.StormLogInterval, time.Minute)
 	o.Limits.defaults()
 	s := &Server{o: o, log: o.Log.With("component", "opamp"), registry: newRegistry(),
 		ev:          events{batcher: o.Batcher, replica: o.ReplicaID},
