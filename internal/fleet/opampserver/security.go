@@ -419,7 +419,7 @@ func (s *Server) rotateOffer(ctx context.Context, ac *agentConn, uid string) (*p
 }
 
 // pendingOffer puts the credential offer that waited for the agent's
-// heartbeat interval (security.go) into resp.
+// heartbeat interval (needsLearnedHeartbeat) into resp.
 func (s *Server) pendingOffer(ctx context.Context, ac *agentConn, uid string, resp *protobufs.ServerToAgent) {
 	switch ac.pending {
 	case pendingEnroll:
