@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/failover"
+	"github.com/myriarch/myriarch/internal/testwait"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/internal/leasesim"
 	"github.com/myriarch/myriarch/lease/sqlitestore"
@@ -67,17 +68,6 @@ func (r *run) wait(t testing.TB, limit time.Duration) error {
 	case <-time.After(limit):
 		t.Fatalf("Run did not return within %v", limit)
 		return nil
-	}
-}
-
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -220,7 +210,7 @@ func TestBrokerPathStepDownIsTerminal(t *testing.T) {
 	}
 	// The released lease goes to the standby, and the old owner never
 	// competes again (its Run returned).
-	waitFor(t, 2*c.MaxJitteredPoll()+5*time.Second, "standby owns", func() bool { return owns(b) })
+	testwait.Until(t, "standby owns", 2*c.MaxJitteredPoll()+5*time.Second, func() bool { return owns(b) })
 }
 
 // renewFaults fails Renew (only) while failing is set.
@@ -305,7 +295,7 @@ func TestEventsNeverBlock(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := cadence()
 	a := start(t, lease.Config{Store: openStore(t, path), Session: "s", InstanceID: "a", Cadence: c, EventBuffer: 1, Registerer: reg})
-	waitFor(t, 10*time.Second, "several renews with nobody reading events", func() bool {
+	testwait.Until(t, "several renews with nobody reading events", 10*time.Second, func() bool {
 		mfs, _ := reg.Gather()
 		for _, mf := range mfs {
 			if mf.GetName() == lease.MetricEventsDropped {
@@ -369,7 +359,7 @@ func TestBrokerPathFailoverWithinBudget(t *testing.T) {
 	time.Sleep(2 * c.AcquirePollInterval)
 	lost := time.Now()
 	a.m.ReportDependency(false)
-	waitFor(t, budget.Total+10*time.Second, "standby owns after the broker-path step-down", func() bool { return owns(b) })
+	testwait.Until(t, "standby owns after the broker-path step-down", budget.Total+10*time.Second, func() bool { return owns(b) })
 	took := time.Since(lost)
 	if took > budget.Total {
 		t.Fatalf("standby owned %v after the broker path was lost; broker-path budget %v", took, budget)
@@ -455,7 +445,7 @@ func TestCallsThatIgnoreTheirContextAreBounded(t *testing.T) {
 		st.acquire.Store(true)
 		b := start(t, lease.Config{Store: st, Session: "s", InstanceID: "b", Cadence: c})
 		// One poll costs at most renew_call_timeout + max_jittered_poll.
-		waitFor(t, 20*(c.RenewCallTimeout+c.MaxJitteredPoll())+5*time.Second, "the standby keeps polling past wedged Acquire calls",
+		testwait.Until(t, "the standby keeps polling past wedged Acquire calls", 20*(c.RenewCallTimeout+c.MaxJitteredPoll())+5*time.Second,
 			func() bool { return st.acquires.Load() >= 5 })
 		stopped := time.Now()
 		b.cancel()
@@ -530,7 +520,7 @@ func TestAuthoritativeReadCadence(t *testing.T) {
 	waitEvent(t, a, lease.EventAcquired, 10*time.Second)
 	st.failing.Store(true)
 	rounds := c.MaxRenewFails + 3
-	waitFor(t, 30*time.Second, "failing renew rounds", func() bool {
+	testwait.Until(t, "failing renew rounds", 30*time.Second, func() bool {
 		n := 0
 		for _, s := range st.log() {
 			if s == "renew" {
@@ -639,7 +629,7 @@ func TestPreviousOwnerAlive(t *testing.T) {
 	if err := a.wait(t, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*c.LeaseTTL+10*time.Second, "b owns", func() bool { return owns(b) })
+	testwait.Until(t, "b owns", 2*c.LeaseTTL+10*time.Second, func() bool { return owns(b) })
 	at, ok := b.m.Ownership().PreviousOwnerAlive()
 	if !ok || at.Before(bStart) || !at.Before(stopped) {
 		t.Fatalf("PreviousOwnerAlive = %v, %v; want within [b's start, a's stop] = [%v, %v]", at, ok, bStart, stopped)

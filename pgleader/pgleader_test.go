@@ -25,6 +25,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -112,7 +113,7 @@ func startReplica(t testing.TB, pool *pgxpool.Pool, id string, mod func(*Config)
 // through the term's Leadership must wait for both.
 func (r *replica) waitLeads(t testing.TB, what string, limit time.Duration) time.Duration {
 	t.Helper()
-	return waitFor(t, what, limit, func() bool {
+	return testwait.Until(t, what, limit, func() bool {
 		term := r.e.Term()
 		return term != 0 && r.lastTerm() == term
 	})
@@ -131,19 +132,6 @@ func (r *replica) stop(t testing.TB) time.Duration {
 		t.Fatal("Run did not return")
 	}
 	return time.Since(start)
-}
-
-func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for time.Since(start) < limit {
-		if cond() {
-			return time.Since(start)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v", what, limit)
-	return 0
 }
 
 // Test (2) of the spec: the lock session itself (the connection that holds
@@ -190,7 +178,7 @@ func TestSessionReportsDerivedParameters(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(runCtx) }()
 	defer func() { stop(); <-done }()
-	waitFor(t, "a leads", 20*time.Second, e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, e.IsLeader)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -289,7 +277,7 @@ func TestLeaderContextEndsWithoutTheLeadLoop(t *testing.T) {
 		t.Errorf("the leader context ended %v after the election, want at most T/2 = %v", el, k.ResignAfter)
 	}
 	t.Logf("leader context ended %v after the election: %v", r.ended.Sub(r.elected).Round(time.Millisecond), r.cause)
-	waitFor(t, "leads again in a new term", k.FollowerRetryMax+10*time.Second, func() bool { return a.e.Term() > 1 })
+	testwait.Until(t, "leads again in a new term", k.FollowerRetryMax+10*time.Second, func() bool { return a.e.Term() > 1 })
 	if got := testutil.ToFloat64(a.e.m.resignations.WithLabelValues(ReasonConfirmTimeout)); got != 1 {
 		t.Errorf("resignations{confirm_timeout} = %v", got)
 	}
@@ -326,7 +314,7 @@ func TestElectionFencingAndPlannedStop(t *testing.T) {
 		t.Fatalf("follower write: %v", err)
 	}
 	// Registry shows both, a as lock holder.
-	waitFor(t, "registry", 10*time.Second, func() bool {
+	testwait.Until(t, "registry", 10*time.Second, func() bool {
 		rs, err := a.e.Replicas(ctx)
 		if err != nil || len(rs) != 2 {
 			return false
@@ -406,7 +394,7 @@ func TestUserTimeoutRefusedFallsBack(t *testing.T) {
 	var warnings atomic.Int64
 	logger := slog.New(countingHandler{testLogger(t).Handler(), "tcp_user_timeout", &warnings})
 	r := startReplica(t, pool, "a", func(c *Config) { c.SessionConfig = scfg; c.Logger = logger })
-	waitFor(t, "leader through the refusing server", 20*time.Second, r.e.IsLeader)
+	testwait.Until(t, "leader through the refusing server", 20*time.Second, r.e.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for range 2 {
@@ -446,7 +434,7 @@ func TestLeaderResignsWhenLockSessionEnds(t *testing.T) {
 	r := startReplica(t, pool, "a", func(c *Config) {
 		c.OnDemoted = func(term int64, reason string) { demoted.Store(reason) }
 	})
-	waitFor(t, "leader", 20*time.Second, r.e.IsLeader)
+	testwait.Until(t, "leader", 20*time.Second, r.e.IsLeader)
 	lctx, term, ok := r.e.leaderContext()
 	if !ok {
 		t.Fatal("leaderContext: not leader")
@@ -460,13 +448,13 @@ func TestLeaderResignsWhenLockSessionEnds(t *testing.T) {
 	// The reason below tells a resignation on the failed confirmation
 	// (session_lost) from one by the watchdog at T/2 (confirm_timeout), so
 	// the waits can be generous for a loaded machine.
-	waitFor(t, "leader context cancelled", k.ResignAfter+10*time.Second, func() bool { return lctx.Err() != nil })
+	testwait.Until(t, "leader context cancelled", k.ResignAfter+10*time.Second, func() bool { return lctx.Err() != nil })
 	// OnDemoted runs after the context ended (jobs stop first).
-	waitFor(t, "OnDemoted", 10*time.Second, func() bool { return demoted.Load() != nil })
+	testwait.Until(t, "OnDemoted", 10*time.Second, func() bool { return demoted.Load() != nil })
 	if got, _ := demoted.Load().(string); got != ReasonSessionLost {
 		t.Errorf("OnDemoted reason %q", got)
 	}
-	waitFor(t, "leads again", k.FollowerRetryMax+5*time.Second, func() bool { return r.e.Term() > term })
+	testwait.Until(t, "leads again", k.FollowerRetryMax+5*time.Second, func() bool { return r.e.Term() > term })
 	if got := testutil.ToFloat64(r.e.m.resignations.WithLabelValues(ReasonSessionLost)); got != 1 {
 		t.Errorf("resignations{session_lost} = %v", got)
 	}
@@ -482,7 +470,7 @@ func TestNewTermEndsBlockingFencedTransaction(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
 	a := startReplica(t, pool, "a", nil)
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, a.e.IsLeader)
 	termA := a.e.Term()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -508,7 +496,7 @@ func TestNewTermEndsBlockingFencedTransaction(t *testing.T) {
 	}
 	a.stop(t)
 	b := startReplica(t, pool, "b", nil)
-	waitFor(t, "b leads", 20*time.Second, b.e.IsLeader)
+	testwait.Until(t, "b leads", 20*time.Second, b.e.IsLeader)
 	if err := tx.Commit(ctx); err == nil {
 		t.Fatal("the old term's transaction committed after the new term began")
 	}
@@ -559,7 +547,7 @@ func TestRegistryStaleRowsAndPrune(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
 	a := startReplica(t, pool, "a", func(c *Config) { c.Host = "node-1"; c.Version = "v9" })
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, a.e.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := pool.Exec(ctx, `INSERT INTO `+RegistryTable+` (lock_key, id, host, version, started_at, last_heartbeat, is_leader, lock_pid)
@@ -605,7 +593,7 @@ func TestListen(t *testing.T) {
 		_ = pool.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND state = 'idle'").Scan(&pid)
 		return pid
 	}
-	waitFor(t, "listening", 20*time.Second, func() bool { return listenerPID() != 0 })
+	testwait.Until(t, "listening", 20*time.Second, func() bool { return listenerPID() != 0 })
 	notify := func(p string) {
 		if _, err := pool.Exec(ctx, "SELECT pg_notify('fleet_events', $1)", p); err != nil {
 			t.Fatal(err)
@@ -720,13 +708,13 @@ func TestWatchdogResignsWithoutQueryTimeout(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, "a leads", 20*time.Second, e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, e.IsLeader)
 	b := startReplica(t, pool, "b", nil)
 
 	frozen := time.Now()
 	proxy.Freeze()
 	k := e.Keepalive()
-	took := waitFor(t, "b leads", k.T, b.e.IsLeader)
+	took := testwait.Until(t, "b leads", k.T, b.e.IsLeader)
 	if demotedAt.Load() == 0 {
 		t.Fatal("a was not demoted")
 	}
@@ -774,7 +762,7 @@ func TestStopWhileEndingTheOldSessionIsBounded(t *testing.T) {
 		cfg.SessionConfig = scfg
 		cfg.OnDemoted = func(_ int64, reason string) { demoted <- reason }
 	})
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, a.e.IsLeader)
 	k := a.e.Keepalive()
 	lockProxy.Freeze()
 	poolProxy.Freeze()
@@ -789,7 +777,7 @@ func TestStopWhileEndingTheOldSessionIsBounded(t *testing.T) {
 	// a now tries pg_terminate_backend through the frozen pool.
 	stopped := time.Now()
 	a.cancel()
-	closed := waitFor(t, "lock session closed after the stop", k.ConfirmTimeout+10*time.Second,
+	closed := testwait.Until(t, "lock session closed after the stop", k.ConfirmTimeout+10*time.Second,
 		func() bool { return a.e.lockPID.Load() == 0 })
 	if closed > stopGrace+time.Second+500*time.Millisecond {
 		t.Errorf("the lock session was closed %v after the stop, want within %v", closed, stopGrace+time.Second)
@@ -811,7 +799,7 @@ func TestStaleHeartbeatKeepsTheLockPID(t *testing.T) {
 	c := pgtest.New(t)
 	pool := newPool(t, c.DSN(""))
 	a := startReplica(t, pool, "a", func(cfg *Config) { cfg.HeartbeatInterval = time.Hour })
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, a.e.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pid := a.e.lockPID.Load()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // Two services with different lock keys share one database: each lists and
@@ -15,7 +16,7 @@ func TestRegistryIsKeyedByLockKey(t *testing.T) {
 	pool := newPool(t, c.DSN(""))
 	a := startReplica(t, pool, "same-id", func(c *Config) { c.LockKey = 101 })
 	b := startReplica(t, pool, "same-id", func(c *Config) { c.LockKey = 202 })
-	waitFor(t, "both lead their own key", 20*time.Second, func() bool { return a.e.IsLeader() && b.e.IsLeader() })
+	testwait.Until(t, "both lead their own key", 20*time.Second, func() bool { return a.e.IsLeader() && b.e.IsLeader() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// A stale row of each service.
@@ -75,7 +76,7 @@ func TestRegistryMigrationFromUnkeyedTable(t *testing.T) {
 		t.Fatalf("primary key after the migration: %q, %v", pk, err)
 	}
 	a := startReplica(t, pool, "old", nil)
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, a.e.IsLeader)
 	rs, err := a.e.Replicas(ctx)
 	if err != nil || len(rs) != 1 || rs[0].ID != "old" || rs[0].Version != "test" || !rs[0].HoldsLock {
 		t.Fatalf("replicas after the migration: %+v, %v", rs, err)
@@ -97,7 +98,7 @@ func TestFollowerWaitsOnTheLock(t *testing.T) {
 	}
 	pool := newPool(t, c.DSN(""))
 	a := startReplica(t, pool, "a", nil)
-	waitFor(t, "a leads", 20*time.Second, a.e.IsLeader)
+	testwait.Until(t, "a leads", 20*time.Second, a.e.IsLeader)
 	b := startReplica(t, pool, "b", nil)
 	waiting := func() bool {
 		pid := b.e.lockPID.Load()
@@ -106,15 +107,15 @@ func TestFollowerWaitsOnTheLock(t *testing.T) {
 			AND l.pid = $1 AND l.objid::bigint = ($2::bigint & 4294967295))`, pid, b.e.LockKey()).Scan(&waiting)
 		return pid != 0 && err == nil && waiting
 	}
-	waitFor(t, "b's lock session waits in the lock queue", 30*time.Second, waiting)
+	testwait.Until(t, "b's lock session waits in the lock queue", 30*time.Second, waiting)
 	pid := b.e.lockPID.Load()
 	time.Sleep(time.Second) // more than the statement_timeout
-	waitFor(t, "b's lock session waits again", 10*time.Second, waiting)
+	testwait.Until(t, "b's lock session waits again", 10*time.Second, waiting)
 	if b.e.lockPID.Load() != pid {
 		t.Fatalf("b's lock session %d no longer waits (now %d) after the database's statement_timeout", pid, b.e.lockPID.Load())
 	}
 	a.stop(t)
-	waitFor(t, "b leads", 20*time.Second, b.e.IsLeader)
+	testwait.Until(t, "b leads", 20*time.Second, b.e.IsLeader)
 	if b.e.Term() <= a.lastTerm() {
 		t.Fatalf("b leads term %d after a's term %d", b.e.Term(), a.lastTerm())
 	}

@@ -42,6 +42,7 @@ var labMachinery = []string{
 	module + "/internal/fleet/artifacts/blobstore/s3test",
 	module + "/internal/fleet/releases/ocitest",
 	module + "/internal/testpki",
+	module + "/internal/testwait",
 	module + "/internal/leaderlab",
 	module + "/internal/bridge/lab",
 	module + "/internal/bridge/embroker",

@@ -128,24 +128,13 @@ type backend struct {
 	own  bool
 }
 
-const cols = "owner, version, renewed_at_ns, expiry_ns, endpoint, obs_seq, obs_elapsed_ns"
-
 func (b *backend) Load(ctx context.Context, id string) (rowstore.Row, int64, bool, error) {
-	var r rowstore.Row
-	err := b.pool.QueryRow(ctx, "SELECT "+cols+" FROM myriarch_leases WHERE id = $1", id).
-		Scan(&r.Owner, &r.Version, &r.RenewedAtNS, &r.ExpiryNS, &r.Endpoint, &r.ObsSeq, &r.ObsElapsedNS)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rowstore.Row{}, 0, false, nil
-	}
-	if err != nil {
-		return rowstore.Row{}, 0, false, fmt.Errorf("pgstore: load %q: %w", id, err)
-	}
-	return r, r.ObsSeq, true, nil
+	return rowstore.Scan(b.pool.QueryRow(ctx, "SELECT "+rowstore.Columns+" FROM myriarch_leases WHERE id = $1", id).Scan, pgx.ErrNoRows, "pgstore", id)
 }
 
 func (b *backend) Insert(ctx context.Context, id string, r rowstore.Row) (bool, error) {
-	tag, err := b.pool.Exec(ctx, "INSERT INTO myriarch_leases (id, "+cols+") VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
-		id, r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS)
+	tag, err := b.pool.Exec(ctx, "INSERT INTO myriarch_leases ("+rowstore.Columns+", id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
+		r.Values(id)...)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: insert %q: %w", id, err)
 	}
@@ -161,7 +150,7 @@ const casSQL = `UPDATE myriarch_leases SET owner = $1, version = $2, renewed_at_
 const ReleaseChannel = "myriarch_lease_released"
 
 func (b *backend) CAS(ctx context.Context, id string, rev int64, r rowstore.Row) (bool, error) {
-	args := []any{r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS, id, rev}
+	args := r.Values(id, rev)
 	if r.Owner == "" {
 		var n int64
 		err := b.pool.QueryRow(ctx, `WITH u AS (`+casSQL+` RETURNING id)

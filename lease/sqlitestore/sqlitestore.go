@@ -143,24 +143,13 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	return tx.Commit()
 }
 
-const cols = "owner, version, renewed_at_ns, expiry_ns, endpoint, obs_seq, obs_elapsed_ns"
-
 func (b *backend) Load(ctx context.Context, id string) (rowstore.Row, int64, bool, error) {
-	var r rowstore.Row
-	err := b.db.QueryRowContext(ctx, "SELECT "+cols+" FROM myriarch_leases WHERE id = ?", id).
-		Scan(&r.Owner, &r.Version, &r.RenewedAtNS, &r.ExpiryNS, &r.Endpoint, &r.ObsSeq, &r.ObsElapsedNS)
-	if errors.Is(err, sql.ErrNoRows) {
-		return rowstore.Row{}, 0, false, nil
-	}
-	if err != nil {
-		return rowstore.Row{}, 0, false, fmt.Errorf("sqlitestore: load %q: %w", id, err)
-	}
-	return r, r.ObsSeq, true, nil
+	return rowstore.Scan(b.db.QueryRowContext(ctx, "SELECT "+rowstore.Columns+" FROM myriarch_leases WHERE id = ?", id).Scan, sql.ErrNoRows, "sqlitestore", id)
 }
 
 func (b *backend) Insert(ctx context.Context, id string, r rowstore.Row) (bool, error) {
-	res, err := b.db.ExecContext(ctx, "INSERT INTO myriarch_leases (id, "+cols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-		id, r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS)
+	res, err := b.db.ExecContext(ctx, "INSERT INTO myriarch_leases ("+rowstore.Columns+", id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+		r.Values(id)...)
 	if err != nil {
 		return false, fmt.Errorf("sqlitestore: insert %q: %w", id, err)
 	}
@@ -170,8 +159,7 @@ func (b *backend) Insert(ctx context.Context, id string, r rowstore.Row) (bool, 
 
 func (b *backend) CAS(ctx context.Context, id string, rev int64, r rowstore.Row) (bool, error) {
 	res, err := b.db.ExecContext(ctx, `UPDATE myriarch_leases SET owner = ?, version = ?, renewed_at_ns = ?, expiry_ns = ?,
-		endpoint = ?, obs_seq = ?, obs_elapsed_ns = ? WHERE id = ? AND obs_seq = ?`,
-		r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS, id, rev)
+		endpoint = ?, obs_seq = ?, obs_elapsed_ns = ? WHERE id = ? AND obs_seq = ?`, r.Values(id, rev)...)
 	if err != nil {
 		return false, fmt.Errorf("sqlitestore: update %q: %w", id, err)
 	}

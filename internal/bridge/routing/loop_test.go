@@ -17,6 +17,7 @@ import (
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // runLeg runs one direction of a bidirectional bridge until the test
@@ -44,7 +45,7 @@ func runLeg(t *testing.T, id, peer, from, to string, met *metrics.Bridge) {
 		route.Close()
 		_ = out.Close(context.Background())
 	})
-	waitFor(t, id+"'s session at full service", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, id+"'s session at full service", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 }
 
 // quietCounts waits until every subscriber received at least want
@@ -159,7 +160,7 @@ func TestBidirectionalUnguardedEchoes(t *testing.T) {
 	runLeg(t, "a-to-b", "", a, b, nil)
 	runLeg(t, "b-to-a", "", b, a, nil)
 	publish(t, a, 1, func(int) string { return "x/from-a" })
-	waitFor(t, "the message back on A twice", func() bool { return len(onA()) >= 3 })
+	testwait.Until(t, "the message back on A twice", waitLimit, func() bool { return len(onA()) >= 3 })
 }
 
 // capture is a sender that keeps what it is given.
@@ -201,7 +202,7 @@ func TestLoopPeerChains(t *testing.T) {
 		sender.UserProperty{Key: routing.HopProperty, Value: "c-to-b"}, sender.UserProperty{Key: "k", Value: "2"})}, func() { acks.Add(1) })
 	// A local message without properties.
 	d.Handle(&transport.Message{Topic: "t/3"}, func() { acks.Add(1) })
-	waitFor(t, "every message settled", func() bool { return acks.Load() == 3 })
+	testwait.Until(t, "every message settled", waitLimit, func() bool { return acks.Load() == 3 })
 	if len(chain.got) != 3 {
 		t.Fatalf("chained route took %d messages, want 3", len(chain.got))
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 var plantMappings = []routing.Mapping{
@@ -56,7 +57,7 @@ func TestMappingsEndToEnd(t *testing.T) {
 			for _, topic := range []string{"in/plant1/other", "in/plant1/sensors/t1", "in/plant1/alarms/fire", "in/plant2/x"} {
 				publishNow(t, a, &sender.Message{Topic: topic, Payload: []byte(topic), QoS: 1})
 			}
-			waitFor(t, "the last mapped message", func() bool { return len(got()) >= 3 })
+			testwait.Until(t, "the last mapped message", waitLimit, func() bool { return len(got()) >= 3 })
 			var topics []string
 			for _, p := range got() {
 				topics = append(topics, p.Topic)

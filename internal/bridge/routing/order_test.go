@@ -21,6 +21,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // orderSink is an HTTP destination that refuses chosen requests and
@@ -94,7 +95,7 @@ func TestTopicOrderAcrossRetries(t *testing.T) {
 
 	// Interleave the topics; the payload is the message's number within its topic.
 	publishSeq(t, src.URL, n, topics)
-	waitFor(t, "every message accepted", func() bool {
+	testwait.Until(t, "every message accepted", waitLimit, func() bool {
 		for _, tp := range topics {
 			if sk.count(strings.Replace(tp, "in/", "out/", 1)) < n {
 				return false
@@ -102,7 +103,7 @@ func TestTopicOrderAcrossRetries(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, "route idle", func() bool { return route.InFlight() == 0 })
+	testwait.Until(t, "route idle", waitLimit, func() bool { return route.InFlight() == 0 })
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	for _, tp := range topics {
@@ -160,12 +161,12 @@ func TestBlockedTopicDoesNotStopOthers(t *testing.T) {
 	_, stop := runSession(t, ctx, src.URL, "bridge-hol", "x/#", &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}})
 	defer stop()
 	publishSeq(t, src.URL, n, []string{"x/stuck", "x/free"})
-	waitFor(t, "the free topic delivered", func() bool { return sk.count("x/free") == n })
+	testwait.Until(t, "the free topic delivered", waitLimit, func() bool { return sk.count("x/free") == n })
 	if got := sk.count("x/stuck"); got != 3 {
 		t.Fatalf("stuck topic: %d accepted while its message 3 fails, want 3", got)
 	}
 	release.Store(true)
-	waitFor(t, "the stuck topic delivered", func() bool { return sk.count("x/stuck") == n })
+	testwait.Until(t, "the stuck topic delivered", waitLimit, func() bool { return sk.count("x/stuck") == n })
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	for i, seq := range sk.accepted["x/stuck"] {
@@ -245,7 +246,7 @@ func TestFailureWithdrawsAndHoldsTheTopic(t *testing.T) {
 	first[1].done(sender.ErrWithdrawn)
 	first[2].done(nil)
 	var retry []pipeItem
-	waitFor(t, "the retry of a=1", func() bool { retry = append(retry, p.take()...); return len(retry) > 0 })
+	testwait.Until(t, "the retry of a=1", waitLimit, func() bool { retry = append(retry, p.take()...); return len(retry) > 0 })
 	if got := payloads(retry); got != "a=1" {
 		t.Fatalf("retry: %s; want a=1 alone", got)
 	}
@@ -263,7 +264,7 @@ func TestFailureWithdrawsAndHoldsTheTopic(t *testing.T) {
 		}
 		it.done(nil)
 	}
-	waitFor(t, "acks", func() bool { return acked.Load() == 4 })
+	testwait.Until(t, "acks", waitLimit, func() bool { return acked.Load() == 4 })
 	if route.InFlight() != 1 { // b=1 is still at the sender
 		t.Fatalf("in flight %d", route.InFlight())
 	}
@@ -306,7 +307,7 @@ func TestPermanentFailureDeadLettersAtOnce(t *testing.T) {
 	for _, p := range []string{"1", "bad", "2", "3"} {
 		d.Handle(&transport.Message{Topic: "t", Payload: []byte(p), QoS: 1}, func() { acked.Add(1) })
 	}
-	waitFor(t, "all settled", func() bool { return acked.Load() == 4 })
+	testwait.Until(t, "all settled", waitLimit, func() bool { return acked.Load() == 4 })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if got := fmt.Sprint(f.accepted); got != "[1 2 3]" || f.calls != 4 {
@@ -355,7 +356,7 @@ func TestSharedSenderKeepsEachRoutesOrder(t *testing.T) {
 	for i := range n {
 		d.Handle(&transport.Message{Topic: "t", Payload: fmt.Append(nil, i), QoS: 1}, func() { acked.Add(1) })
 	}
-	waitFor(t, "every message acknowledged", func() bool { return acked.Load() == n })
+	testwait.Until(t, "every message acknowledged", waitLimit, func() bool { return acked.Load() == n })
 	mu.Lock()
 	defer mu.Unlock()
 	for _, id := range []string{"r1", "r2"} {

@@ -13,6 +13,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // collect subscribes on url to filter and keeps every PUBLISH.
@@ -54,7 +55,7 @@ func TestPropertiesCarriedThrough(t *testing.T) {
 					User:        []sender.UserProperty{{Key: "k", Value: "1"}, {Key: "trace", Value: "abc"}, {Key: "k", Value: "2"}},
 					ContentType: "application/json", PayloadFormat: &utf8, MessageExpiry: &expiry,
 					ResponseTopic: "in/reply/7", CorrelationData: []byte{0, 1, 2}}})
-			waitFor(t, "the message at broker B", func() bool { return len(got()) > 0 })
+			testwait.Until(t, "the message at broker B", waitLimit, func() bool { return len(got()) > 0 })
 			p := got()[0]
 			pp := p.Properties
 			if p.Topic != "out/req" || pp == nil {
@@ -103,7 +104,7 @@ func TestMessageExpiryInTheBridge(t *testing.T) {
 					t.Fatalf("%s: no outcome", m.Payload)
 				}
 			}
-			waitFor(t, "the last message", func() bool { return len(got()) >= 2 })
+			testwait.Until(t, "the last message", waitLimit, func() bool { return len(got()) >= 2 })
 			ps := got()
 			if len(ps) != 2 || string(ps[0].Payload) != "held 3s" || string(ps[1].Payload) != "no expiry" {
 				t.Fatalf("got %d messages: %v", len(ps), ps)

@@ -12,6 +12,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // TestSenderQoS2: an mqtt sender at QoS 2 completes PUBLISH, PUBREC,
@@ -52,7 +53,7 @@ func TestSenderQoS2(t *testing.T) {
 					t.Fatal("no PUBCOMP within 30s")
 				}
 			}
-			waitFor(t, "every message at the subscriber", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= n })
+			testwait.Until(t, "every message at the subscriber", waitLimit, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= n })
 			time.Sleep(100 * time.Millisecond) // a duplicate would arrive right behind
 			mu.Lock()
 			defer mu.Unlock()

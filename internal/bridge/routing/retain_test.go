@@ -15,6 +15,7 @@ import (
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // brokerPair starts two brokers of one kind: the embedded broker or
@@ -78,7 +79,7 @@ func runBridge(t *testing.T, a, b string, rc routing.RouteConfig) {
 		route.Close()
 		_ = out.Close(context.Background())
 	})
-	waitFor(t, "the session at full service", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "the session at full service", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 }
 
 // seen records what a subscriber received: topic → payload and retain flag.
@@ -137,7 +138,7 @@ func TestRetainedEndToEnd(t *testing.T) {
 				// One sender connection writes in route order: once
 				// "plain" arrived, the two before it were forwarded or
 				// dropped.
-				waitFor(t, "out/plain at broker B", func() bool { _, ok := live.snapshot()["out/plain"]; return ok })
+				testwait.Until(t, "out/plain at broker B", waitLimit, func() bool { _, ok := live.snapshot()["out/plain"]; return ok })
 				got := live.snapshot()
 				wantLive := 3
 				if policy == routing.RetainDrop {
@@ -150,7 +151,7 @@ func TestRetainedEndToEnd(t *testing.T) {
 				// the fresh subscriber has its retained messages.
 				publishNow(t, b, &sender.Message{Topic: "out/zz-marker", Payload: []byte("m"), QoS: 1, Retain: true})
 				fresh := subscribe(t, b, "out/#")
-				waitFor(t, "the retained marker", func() bool { _, ok := fresh.snapshot()["out/zz-marker"]; return ok })
+				testwait.Until(t, "the retained marker", waitLimit, func() bool { _, ok := fresh.snapshot()["out/zz-marker"]; return ok })
 				time.Sleep(200 * time.Millisecond) // retained messages are not ordered among topics
 				ret := fresh.snapshot()
 				delete(ret, "out/zz-marker")

@@ -32,6 +32,7 @@ import (
 	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -43,17 +44,8 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// waitFor polls cond with a generous limit.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitLimit bounds the waits of this package's tests (testwait.Until).
+const waitLimit = 20 * time.Second
 
 func startBroker(t *testing.T) *embroker.Broker {
 	t.Helper()
@@ -77,7 +69,7 @@ func runSession(t *testing.T, ctx context.Context, url, clientID string, filter 
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
-	waitFor(t, "session full", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "session full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 	return s, func() { cancel(); <-done }
 }
 
@@ -188,12 +180,12 @@ func TestRoutesToEverySenderInOrder(t *testing.T) {
 	_, stop := runSession(t, ctx, src.URL, "bridge-in", "in/#", &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}})
 
 	publish(t, src.URL, n, func(i int) string { return "in/a" })
-	waitFor(t, "every sink", func() bool {
+	testwait.Until(t, "every sink", waitLimit, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(mqttGot) == n && len(httpGot) == n && len(natsGot) == n
 	})
-	waitFor(t, "route idle", func() bool { return route.InFlight() == 0 })
+	testwait.Until(t, "route idle", waitLimit, func() bool { return route.InFlight() == 0 })
 	stop()
 	route.Close()
 	for _, s := range senders {
@@ -302,7 +294,7 @@ func TestRetryThenDeadLetterThenAck(t *testing.T) {
 	_, stop := runSession(t, ctx, src.URL, "bridge-dl", "t/#", &routing.Dispatcher{Session: "s", Routes: d.Routes})
 	defer stop()
 	publish(t, src.URL, 3, func(i int) string { return "t/x" })
-	waitFor(t, "all settled", func() bool { return route.InFlight() == 0 && len(readLinesMaybe(dlPath)) == 3 })
+	testwait.Until(t, "all settled", waitLimit, func() bool { return route.InFlight() == 0 && len(readLinesMaybe(dlPath)) == 3 })
 	_ = acked.Load()
 	if retried.accepted.Load() != 3 {
 		t.Fatalf("retried sender accepted %d", retried.accepted.Load())
@@ -347,7 +339,7 @@ func TestUnacknowledgedRedeliveredOnResume(t *testing.T) {
 	r1 := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{"q/#"}, MaxInFlight: 10, Targets: []routing.Target{{ID: "hold", Sender: h}}})
 	_, stop := runSession(t, ctx, src.URL, "shared-id", "q/#", &routing.Dispatcher{Routes: []*routing.Route{r1}})
 	publish(t, src.URL, 5, func(i int) string { return "q/x" })
-	waitFor(t, "held", func() bool { return h.n.Load() == 5 })
+	testwait.Until(t, "held", waitLimit, func() bool { return h.n.Load() == 5 })
 	r1.Close()
 	stop()
 	publish(t, src.URL, 5, func(i int) string { return "q/x" }) // queued in the broker session
@@ -357,7 +349,7 @@ func TestUnacknowledgedRedeliveredOnResume(t *testing.T) {
 	defer r2.Close()
 	s2, stop2 := runSession(t, ctx, src.URL, "shared-id", "q/#", &routing.Dispatcher{Routes: []*routing.Route{r2}})
 	defer stop2()
-	waitFor(t, "redelivery", func() bool { return got.accepted.Load() >= 10 })
+	testwait.Until(t, "redelivery", waitLimit, func() bool { return got.accepted.Load() >= 10 })
 	if !s2.SessionPresent() {
 		t.Fatal("the broker did not resume the session")
 	}
@@ -403,16 +395,16 @@ func TestInFlightBound(t *testing.T) {
 	_, stop := runSession(t, ctx, src.URL, "bridge-bound", "b/#", &routing.Dispatcher{Routes: []*routing.Route{route}})
 	defer stop()
 	publish(t, src.URL, 20, func(int) string { return "b/x" })
-	waitFor(t, "five held", func() bool { return rel.held() == 5 })
+	testwait.Until(t, "five held", waitLimit, func() bool { return rel.held() == 5 })
 	time.Sleep(100 * time.Millisecond) // room for a sixth, which must not come
 	if n := route.InFlight(); n != 5 || rel.held() != 5 {
 		t.Fatalf("in flight %d, held %d; want 5", n, rel.held())
 	}
 	delivered := 0
-	waitFor(t, "all 20", func() bool {
+	testwait.Until(t, "all 20", waitLimit, func() bool {
 		delivered += rel.held()
 		rel.releaseAll()
 		return delivered == 20
 	})
-	waitFor(t, "idle", func() bool { return route.InFlight() == 0 })
+	testwait.Until(t, "idle", waitLimit, func() bool { return route.InFlight() == 0 })
 }

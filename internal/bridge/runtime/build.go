@@ -40,14 +40,13 @@ func openSender(s config.SenderSettings, instanceID string, log *slog.Logger) (s
 		if err != nil {
 			return nil, err
 		}
-		if m.ProtocolVersion == config.MQTT311 {
-			return mqtt311sender.New(mqtt311sender.Config{Broker: m.Broker, ClientID: m.ClientID + "-" + instanceID, Username: m.Username,
-				Password: []byte(m.Password.Reveal()), TLS: tc, QoS: m.QoS, KeepAlive: m.KeepAlive, ConnectTimeout: m.ConnectTimeout,
-				Timeout: m.Timeout, Logger: log}), nil
-		}
-		return mqttsender.New(mqttsender.Config{Broker: m.Broker, ClientID: m.ClientID + "-" + instanceID, Username: m.Username,
+		c := sender.MQTTConfig{Broker: m.Broker, ClientID: m.ClientID + "-" + instanceID, Username: m.Username,
 			Password: []byte(m.Password.Reveal()), TLS: tc, QoS: m.QoS, KeepAlive: m.KeepAlive, ConnectTimeout: m.ConnectTimeout,
-			Timeout: m.Timeout, Logger: log}), nil
+			Timeout: m.Timeout, Logger: log}
+		if m.ProtocolVersion == config.MQTT311 {
+			return mqtt311sender.New(c), nil
+		}
+		return mqttsender.New(c), nil
 	case s.HTTP != nil:
 		return httpsender.New(httpsender.Config{URL: s.HTTP.URL, Headers: s.HTTP.Headers, Timeout: s.HTTP.Timeout}), nil
 	case s.NATS != nil:

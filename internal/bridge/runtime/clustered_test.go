@@ -28,6 +28,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/internal/testnet"
+	"github.com/myriarch/myriarch/internal/testwait"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/etcdstore"
 	"github.com/myriarch/myriarch/lease/etcdtest"
@@ -307,11 +308,11 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	sk := newSink(t)
 	pathA, _ := clusteredConfig(t, dir, "a", "127.0.0.1:0", storeYAML, br.URL, sk.srv.URL)
 	a := startChild(t, pathA)
-	waitFor(t, "a owns and serves", func() bool { return a.role() == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return a.role() == "owner/full" })
 	_, cfgB := clusteredConfig(t, dir, "b", "off", storeYAML, br.URL, sk.srv.URL)
 	events := &eventLog{}
 	bb := startClustered(t, cfgB, events)
-	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(bb) == "standby/none" })
 
 	// Watch for two owners at once until the end of the test. A child
 	// that stops answering keeps its last role (see child.owner), so the
@@ -341,7 +342,7 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	}
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 50)
-	waitFor(t, "first 50", func() bool { return sk.has(50) })
+	testwait.Until(t, "first 50", waitLimit, func() bool { return sk.has(50) })
 
 	killedAt := time.Now()
 	a.kill(t)
@@ -349,8 +350,8 @@ func testClusteredTakeover(t *testing.T, storeYAML string, store lease.Store) {
 	if r := role(bb); r != "standby/none" {
 		t.Fatalf("b is %s before the lease could expire: the messages did not queue", r)
 	}
-	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
-	waitFor(t, "all 100 delivered", func() bool { return sk.has(100) })
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(bb) == "owner/full" })
+	testwait.Until(t, "all 100 delivered", waitLimit, func() bool { return sk.has(100) })
 
 	after, err := store.Current(ctx, "t/plant")
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // TestLoopPairFromConfig: a bridge configured with two routes in opposite
@@ -65,7 +66,7 @@ routes:
 			t.Error(err)
 		}
 	}()
-	waitFor(t, "both sessions active and full", func() bool {
+	testwait.Until(t, "both sessions active and full", waitLimit, func() bool {
 		for _, s := range b.Status().Sessions {
 			if s.Role+"/"+s.ServiceLevel != "active/full" {
 				return false

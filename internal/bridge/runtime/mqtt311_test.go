@@ -19,6 +19,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/faultnet"
+	"github.com/myriarch/myriarch/internal/testwait"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -142,7 +143,7 @@ func TestRoutesAcrossProtocolVersions(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		waitFor(t, "both sessions full", func() bool {
+		testwait.Until(t, "both sessions full", waitLimit, func() bool {
 			st := b.Status()
 			return st.Sessions[0].ServiceLevel == "full" && st.Sessions[1].ServiceLevel == "full"
 		})
@@ -177,7 +178,7 @@ func TestRoutesAcrossProtocolVersions(t *testing.T) {
 			}
 			return per
 		}
-		waitFor(t, "every message on every route", func() bool {
+		testwait.Until(t, "every message on every route", waitLimit, func() bool {
 			per := count()
 			return per["a/v311/"] == 2*n && per["b/v311/"] == 2*n && per["c/v5/"] == 2*n
 		})
@@ -233,7 +234,7 @@ func TestExclusiveSession311ResumesAcrossOwners(t *testing.T) {
 	sk := newStampSink(t)
 	began := time.Now()
 	a := startWith(t, v311(cfgTemplate), dir, "a", br.URL, sk.srv.URL, runtime.Options{})
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	cl, ok := br.Server.Clients.Get("plant-bridge")
 	if !ok {
 		t.Fatal("no client with the session's fixed client_id")
@@ -250,7 +251,7 @@ func TestExclusiveSession311ResumesAcrossOwners(t *testing.T) {
 	}
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 5)
-	waitFor(t, "5 delivered by a", func() bool { return len(sk.deliveries()) >= 5 })
+	testwait.Until(t, "5 delivered by a", waitLimit, func() bool { return len(sk.deliveries()) >= 5 })
 
 	// A planned stop: a releases the lease, its broker session stays.
 	a.cancel()
@@ -260,8 +261,8 @@ func TestExclusiveSession311ResumesAcrossOwners(t *testing.T) {
 	a.done <- nil
 	pub(t, p, 5, 15)
 	b := startWith(t, v311(cfgTemplate), dir, "b", br.URL, sk.srv.URL, runtime.Options{})
-	waitFor(t, "b owns and serves", func() bool { return role(b) == "owner/full" })
-	waitFor(t, "the 10 queued messages delivered by b", func() bool {
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(b) == "owner/full" })
+	testwait.Until(t, "the 10 queued messages delivered by b", waitLimit, func() bool {
 		seen := map[string]bool{}
 		for _, d := range sk.deliveries() {
 			if d.version == "2" {
@@ -298,10 +299,10 @@ func TestFrozenOwner311DoesNotActPastItsDeadline(t *testing.T) {
 	sk := newStampSink(t)
 	clk := &lease.JumpClock{}
 	a := startWith(t, v311(freezeTemplate), dir, "a", br.URL, sk.srv.URL, runtime.Options{Clock: clk})
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 5)
-	waitFor(t, "first 5 delivered", func() bool { return len(sk.deliveries()) >= 5 })
+	testwait.Until(t, "first 5 delivered", waitLimit, func() bool { return len(sk.deliveries()) >= 5 })
 
 	clk.Jump(2 * time.Minute)
 	frozenAt := time.Now()

@@ -13,6 +13,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/testwait"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -94,13 +95,13 @@ func TestPlannedStopSettlesBeforeRelease(t *testing.T) {
 	sk := newSlowSink(t, 20*time.Millisecond, nil)
 	relA := &releases{}
 	a := startWith(t, plannedTemplate, dir, "a", br.URL, sk.srv.URL, runtime.Options{OnLeaseEvent: relA.add})
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	bb := startWith(t, plannedTemplate, dir, "b", br.URL, sk.srv.URL, runtime.Options{})
-	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(bb) == "standby/none" })
 	p := publisher(t, br.URL)
 	const n = 150
 	pub(t, p, 0, n)
-	waitFor(t, "a delivers", func() bool { return len(sk.deliveries()) >= 10 })
+	testwait.Until(t, "a delivers", waitLimit, func() bool { return len(sk.deliveries()) >= 10 })
 
 	stopAt := time.Now()
 	a.cancel()
@@ -112,8 +113,8 @@ func TestPlannedStopSettlesBeforeRelease(t *testing.T) {
 	if !ok {
 		t.Fatal("a's planned stop did not release lease version 1")
 	}
-	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
-	waitFor(t, "all delivered", func() bool { return len(sk.deliveries()) >= n })
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(bb) == "owner/full" })
+	testwait.Until(t, "all delivered", waitLimit, func() bool { return len(sk.deliveries()) >= n })
 	time.Sleep(500 * time.Millisecond) // room for a late duplicate to show
 
 	seen := map[string]int{}
@@ -182,9 +183,9 @@ func TestPlannedStopCutAtShutdownTimeout(t *testing.T) {
 	})
 	relA := &releases{}
 	a := startWith(t, cutTemplate, dir, "a", br.URL, sk.srv.URL, runtime.Options{OnLeaseEvent: relA.add})
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	bb := startWith(t, cutTemplate, dir, "b", br.URL, sk.srv.URL, runtime.Options{})
-	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(bb) == "standby/none" })
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 5)
 	arrivals.Wait() // a's first POST hangs at the sink
@@ -202,8 +203,8 @@ func TestPlannedStopCutAtShutdownTimeout(t *testing.T) {
 	}
 	t.Logf("a stopped %v after the stop began (shutdown_timeout 1s, step_down_grace 30s)", time.Since(stopAt).Round(time.Millisecond))
 	close(block)
-	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
-	waitFor(t, "b delivers all 5", func() bool {
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(bb) == "owner/full" })
+	testwait.Until(t, "b delivers all 5", waitLimit, func() bool {
 		got := map[string]bool{}
 		for _, d := range sk.deliveries() {
 			if d.version == "2" {

@@ -15,6 +15,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // connects counts the broker sessions established per client ID.
@@ -94,9 +95,9 @@ func TestReloadAddingRouteKeepsLeaseAndConnection(t *testing.T) {
 	// A keep-alive long enough that a loaded machine's late PINGREQ does
 	// not cost a reconnect, which would be counted against the reload.
 	a := startWith(t, longKeepAlive(cfgTemplate), dir, "a", br.URL, sk.srv.URL, runtime.Options{})
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	b := startWith(t, longKeepAlive(cfgTemplate), dir, "b", br.URL, sk.srv.URL, runtime.Options{})
-	waitFor(t, "b standby", func() bool { return role(b) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(b) == "standby/none" })
 	version, conns := leaseVersion(a), hook.count("plant-bridge")
 
 	p := publisher(t, br.URL)
@@ -121,8 +122,8 @@ func TestReloadAddingRouteKeepsLeaseAndConnection(t *testing.T) {
 	}
 	<-pubDone
 	pub(t, p, 400, 500)
-	waitFor(t, "all 500 at the first sink", func() bool { return sk.has(500) })
-	waitFor(t, "the new route delivers", func() bool {
+	testwait.Until(t, "all 500 at the first sink", waitLimit, func() bool { return sk.has(500) })
+	testwait.Until(t, "the new route delivers", waitLimit, func() bool {
 		sk2.mu.Lock()
 		defer sk2.mu.Unlock()
 		return sk2.seen["499"] > 0
@@ -153,9 +154,9 @@ func TestReloadChangedCadenceHandsOverOnce(t *testing.T) {
 	dir := t.TempDir()
 	sk := newSink(t)
 	a := start(t, dir, "a", br.URL, sk.srv.URL)
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	b := start(t, dir, "b", br.URL, sk.srv.URL)
-	waitFor(t, "b standby", func() bool { return role(b) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(b) == "standby/none" })
 	version := leaseVersion(a)
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 100)
@@ -173,7 +174,7 @@ func TestReloadChangedCadenceHandsOverOnce(t *testing.T) {
 	}
 	pub(t, p, 100, 200)
 	var owner *instance
-	waitFor(t, "one owner at full again", func() bool {
+	testwait.Until(t, "one owner at full again", waitLimit, func() bool {
 		switch {
 		case role(a) == "owner/full":
 			owner = a
@@ -187,7 +188,7 @@ func TestReloadChangedCadenceHandsOverOnce(t *testing.T) {
 	if v := leaseVersion(owner); v != version+1 {
 		t.Fatalf("lease version %d after the reload, was %d: want exactly one hand-over", v, version)
 	}
-	waitFor(t, "all 200 delivered", func() bool { return sk.has(200) })
+	testwait.Until(t, "all 200 delivered", waitLimit, func() bool { return sk.has(200) })
 	if got := owner.b.Config().Exclusive[0].Assessment.Cadence.LeaseTTL.String(); got != "6s" {
 		t.Fatalf("running lease_ttl %s", got)
 	}
@@ -204,7 +205,7 @@ func TestReloadRefusesRestartSettings(t *testing.T) {
 	dir := t.TempDir()
 	sk := newSink(t)
 	a := start(t, dir, "a", br.URL, sk.srv.URL)
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	version := leaseVersion(a)
 	before := a.b.Config()
 	cfg := reloadCfg(t, dir, "a", br.URL, sk.srv.URL, func(y string) string {
@@ -233,7 +234,7 @@ func TestReloadUnsubscribesRemovedFilters(t *testing.T) {
 	dir := t.TempDir()
 	sk := newSink(t)
 	a := start(t, dir, "a", br.URL, sk.srv.URL)
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	subscribed := func(topic string) bool {
 		_, ok := br.Server.Topics.Subscribers(topic).Subscriptions["plant-bridge"]
 		return ok
@@ -252,7 +253,7 @@ func TestReloadUnsubscribesRemovedFilters(t *testing.T) {
 	if fmt.Sprint(d.Changed) != "[plant]" {
 		t.Fatalf("diff: changed %v", d.Changed)
 	}
-	waitFor(t, "a serves the new filter", func() bool {
+	testwait.Until(t, "a serves the new filter", waitLimit, func() bool {
 		return role(a) == "owner/full" && leaseVersion(a) > version && subscribed("in/a/1")
 	})
 	if subscribed("in/x") {

@@ -25,6 +25,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/health"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/faultnet"
+	"github.com/myriarch/myriarch/internal/testwait"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -40,16 +41,8 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitLimit bounds the waits of this package's tests (testwait.Until).
+const waitLimit = 30 * time.Second
 
 // sink is an HTTP sender's destination that records payloads.
 type sink struct {
@@ -182,15 +175,15 @@ func TestTakeoverResumesQueuedMessages(t *testing.T) {
 	dir := t.TempDir()
 	sk := newSink(t)
 	a := start(t, dir, "a", br.URL, sk.srv.URL)
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	bb := start(t, dir, "b", br.URL, sk.srv.URL)
-	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(bb) == "standby/none" })
 	if !a.b.Ready() || !bb.b.Ready() {
 		t.Fatal("owner at full and standby must both be ready")
 	}
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 50)
-	waitFor(t, "first 50", func() bool { return sk.has(50) })
+	testwait.Until(t, "first 50", waitLimit, func() bool { return sk.has(50) })
 	// Let b observe a few of a's renewals (renew_interval ~0.56s here):
 	// failure-to-full is anchored on the last one it saw.
 	time.Sleep(3 * time.Second)
@@ -201,8 +194,8 @@ func TestTakeoverResumesQueuedMessages(t *testing.T) {
 	}
 	a.done <- nil
 	pub(t, p, 50, 100) // queued in the broker session until b resumes it
-	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
-	waitFor(t, "all 100 delivered", func() bool { return sk.has(100) })
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(bb) == "owner/full" })
+	testwait.Until(t, "all 100 delivered", waitLimit, func() bool { return sk.has(100) })
 	if n := testutil.CollectAndCount(bb.reg, "myriarch_bridge_failover_takeover_to_full_seconds"); n != 1 {
 		t.Fatalf("takeover histogram series: %d", n)
 	}
@@ -237,12 +230,12 @@ func TestBrokerPathStepDown(t *testing.T) {
 	dir := t.TempDir()
 	sk := newSink(t)
 	a := start(t, dir, "a", "tcp://"+px.Addr(), sk.srv.URL)
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	bb := start(t, dir, "b", br.URL, sk.srv.URL)
-	waitFor(t, "b standby", func() bool { return role(bb) == "standby/none" })
+	testwait.Until(t, "b standby", waitLimit, func() bool { return role(bb) == "standby/none" })
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 20)
-	waitFor(t, "first 20", func() bool { return sk.has(20) })
+	testwait.Until(t, "first 20", waitLimit, func() bool { return sk.has(20) })
 
 	px.Blackhole(true)
 	pub(t, p, 20, 40)
@@ -259,9 +252,9 @@ func TestBrokerPathStepDown(t *testing.T) {
 	if got := testutil.ToFloat64(mustGet(t, a.reg, "myriarch_bridge_broker_health_step_down_total")); got != 1 {
 		t.Fatalf("step-down count %v", got)
 	}
-	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(bb) == "owner/full" })
 	pub(t, p, 40, 60)
-	waitFor(t, "all 60 delivered", func() bool { return sk.has(60) })
+	testwait.Until(t, "all 60 delivered", waitLimit, func() bool { return sk.has(60) })
 }
 
 func mustGet(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
@@ -295,7 +288,7 @@ func TestHealthEndpoints(t *testing.T) {
 	dir := t.TempDir()
 	sk := newSink(t)
 	a := start(t, dir, "a", br.URL, sk.srv.URL)
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	srv, err := health.Listen("127.0.0.1:0", health.Handler(a.b, a.reg))
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +306,7 @@ func TestHealthEndpoints(t *testing.T) {
 	if code, _ := get("/live"); code != 200 {
 		t.Fatalf("/live %d", code)
 	}
-	waitFor(t, "ready", func() bool { code, _ := get("/ready"); return code == 200 })
+	testwait.Until(t, "ready", waitLimit, func() bool { code, _ := get("/ready"); return code == 200 })
 	_, body := get("/status")
 	for _, want := range []string{`"role": "owner"`, `"service_level": "full"`, `"owner_death_budget_s"`, `"lease_version": 1`} {
 		if !strings.Contains(body, want) {
@@ -359,14 +352,14 @@ routes:
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx) }()
-	waitFor(t, "active and full", func() bool { s := b.Status().Sessions[0]; return s.Role+"/"+s.ServiceLevel == "active/full" })
+	testwait.Until(t, "active and full", waitLimit, func() bool { s := b.Status().Sessions[0]; return s.Role+"/"+s.ServiceLevel == "active/full" })
 	p := publisher(t, br.URL)
 	for i := range 10 {
 		if _, err := p.Publish(context.Background(), &paho.Publish{Topic: "plant/m1", QoS: 1, Payload: fmt.Append(nil, i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "10 lines", func() bool {
+	testwait.Until(t, "10 lines", waitLimit, func() bool {
 		data, _ := os.ReadFile(filepath.Join(dir, "out.jsonl"))
 		return strings.Count(string(data), "\n") == 10
 	})

@@ -23,6 +23,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/testnet"
+	"github.com/myriarch/myriarch/internal/testwait"
 	"github.com/myriarch/myriarch/lease"
 )
 
@@ -151,10 +152,10 @@ func TestFrozenOwnerDoesNotActPastItsDeadline(t *testing.T) {
 	sk := newStampSink(t)
 	clk := &lease.JumpClock{}
 	a := startWith(t, freezeTemplate, dir, "a", br.URL, sk.srv.URL, runtime.Options{Clock: clk})
-	waitFor(t, "a owns and serves", func() bool { return role(a) == "owner/full" })
+	testwait.Until(t, "a owns and serves", waitLimit, func() bool { return role(a) == "owner/full" })
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 10)
-	waitFor(t, "first 10 delivered", func() bool { return len(sk.deliveries()) >= 10 })
+	testwait.Until(t, "first 10 delivered", waitLimit, func() bool { return len(sk.deliveries()) >= 10 })
 	for _, d := range sk.deliveries() {
 		if d.version != "1" || d.session != "t/plant" {
 			t.Fatalf("delivery %+v: want lease version 1 of session t/plant", d)
@@ -200,7 +201,7 @@ func TestUnreachableBrokerOwnerReleases(t *testing.T) {
 	dir := t.TempDir()
 	sk := newStampSink(t)
 	a := startWith(t, cfgTemplate, dir, "a", "tcp://"+dead, sk.srv.URL, runtime.Options{})
-	waitFor(t, "a owns", func() bool { return strings.HasPrefix(role(a), "owner/") })
+	testwait.Until(t, "a owns", waitLimit, func() bool { return strings.HasPrefix(role(a), "owner/") })
 	ownedAt := time.Now()
 	bb := startWith(t, cfgTemplate, dir, "b", br.URL, sk.srv.URL, runtime.Options{})
 	var runErr error
@@ -217,7 +218,7 @@ func TestUnreachableBrokerOwnerReleases(t *testing.T) {
 	if released < 2*time.Second {
 		t.Fatalf("released %v after winning, before broker_health_step_down (2s)", released)
 	}
-	waitFor(t, "b owns and serves", func() bool { return role(bb) == "owner/full" })
+	testwait.Until(t, "b owns and serves", waitLimit, func() bool { return role(bb) == "owner/full" })
 	served := time.Since(ownedAt)
 	budget := bb.b.Status().Sessions[0].Budget
 	if budget == nil || budget.BrokerPathBudget == nil {
@@ -230,7 +231,7 @@ func TestUnreachableBrokerOwnerReleases(t *testing.T) {
 	}
 	p := publisher(t, br.URL)
 	pub(t, p, 0, 5)
-	waitFor(t, "5 delivered by b", func() bool { return len(sk.deliveries()) >= 5 })
+	testwait.Until(t, "5 delivered by b", waitLimit, func() bool { return len(sk.deliveries()) >= 5 })
 	for _, d := range sk.deliveries() {
 		if d.version != "2" {
 			t.Fatalf("delivery %+v: want b's lease version 2", d)

@@ -2,12 +2,52 @@ package sender
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"sync"
 	"time"
 )
 
 // The loop that the connection-oriented senders (mqtt, mqtt311) share.
+
+// MQTTConfig configures an MQTT sender: mqtt.Config (MQTT 5) and
+// mqtt311.Config (MQTT 3.1.1) are this type, so that one set of settings
+// opens either.
+type MQTTConfig struct {
+	Broker         string
+	ClientID       string
+	Username       string
+	Password       []byte
+	TLS            *tls.Config
+	QoS            byte
+	KeepAlive      time.Duration
+	ConnectTimeout time.Duration
+	// Timeout fails a message whose PUBACK (PUBCOMP at QoS 2) has not
+	// arrived in time; the connection is then considered broken and
+	// recycled.
+	Timeout time.Duration
+	// MaxInFlight bounds the messages published and not yet acknowledged
+	// by the MQTT 3.1.1 sender (default mqtt311.DefaultMaxInFlight): MQTT
+	// 3.1.1 has no receive maximum to learn it from. The MQTT 5 sender
+	// takes the broker's receive maximum and ignores it.
+	MaxInFlight int
+	Logger      *slog.Logger
+}
+
+// WithDefaults returns c with the defaults filled in: ConnectTimeout 30s,
+// Timeout 10s, Logger slog.Default().
+func (c MQTTConfig) WithDefaults() MQTTConfig {
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 30 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
 
 // Wake signals c, a channel of capacity one, without blocking: a signal
 // already pending wakes the receiver just as well.
@@ -40,9 +80,14 @@ func Reconnect(ctx context.Context, log *slog.Logger, session func() error, ende
 	}
 }
 
-// AwaitDone waits for done, the end of a sender's goroutine that the
-// caller has just told to stop, within ctx.
-func AwaitDone(ctx context.Context, done <-chan struct{}) error {
+// Close marks the sender closed (closed, guarded by mu: Enqueue refuses
+// from now on), stops its goroutine (cancel) and waits for done, the end
+// of that goroutine, within ctx.
+func Close(ctx context.Context, mu *sync.Mutex, closed *bool, cancel context.CancelFunc, done <-chan struct{}) error {
+	mu.Lock()
+	*closed = true
+	mu.Unlock()
+	cancel()
 	select {
 	case <-done:
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 )
 
 // Activation of a connection, for either protocol version. From the start
@@ -93,4 +94,33 @@ func Filters(subs []Subscription) []string {
 		out[i] = s.Filter
 	}
 	return out
+}
+
+// Activate is the activation after a connect, for either protocol
+// version: the session serves degraded (setLevel) while Reconcile brings
+// its subscriptions to cfg's, then fully, unless the broker refused a
+// filter; activated records when it did (the unmatched grace runs from
+// then). An error is a reconcile step that failed or ran out of time.
+func Activate(ctx context.Context, cfg Config, st SubscriptionState, r Reconciler, log *slog.Logger, setLevel func(Level), activated func(time.Time)) error {
+	setLevel(LevelDegraded)
+	full, err := Reconcile(ctx, cfg, st, r, log)
+	if err != nil {
+		return err
+	}
+	if full {
+		activated(time.Now())
+		setLevel(LevelFull)
+	}
+	return nil
+}
+
+// Wanted reports whether topic matches one of subs' filters; a message
+// that matches none is the residue of a removed subscription.
+func Wanted(subs []Subscription, topic string) bool {
+	for _, sub := range subs {
+		if Match(sub.Filter, topic) {
+			return true
+		}
+	}
+	return false
 }

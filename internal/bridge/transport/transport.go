@@ -114,14 +114,16 @@ func (c Config) Activation() (failover.Activation, error) {
 	return activation.MQTT(c.ConnectTimeout, c.ReconcileTimeout, c.UnmatchedGrace)
 }
 
-// Reconnect is a session's life, for either protocol version: connection
-// after connection, with a backoff from 100ms doubling up to
+// Reconnect is a session's life (its Run), for either protocol version:
+// connection after connection, with a backoff from 100ms doubling up to
 // max(1s, connect_timeout) (reset after a connection that lasted 10s),
 // until ctx ends (nil) or the tenure is invalid (ErrTenureEnded, checked
 // before every connection, so that an ended tenure never takes the
-// client_id back). down is called after each connection ends.
-func Reconnect(ctx context.Context, valid func() bool, connection func(ctx context.Context, attempt int) error, down func(),
-	connectTimeout time.Duration, log *slog.Logger) error {
+// client_id back). The service level is None between connections and
+// after the last.
+func Reconnect(ctx context.Context, cfg Config, valid func() bool, setLevel func(Level),
+	connection func(ctx context.Context, attempt int) error, log *slog.Logger) error {
+	defer setLevel(LevelNone)
 	backoff := 100 * time.Millisecond
 	attempt := 0
 	for {
@@ -131,7 +133,7 @@ func Reconnect(ctx context.Context, valid func() bool, connection func(ctx conte
 		}
 		start := time.Now()
 		err := connection(ctx, attempt)
-		down()
+		setLevel(LevelNone)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -148,12 +150,20 @@ func Reconnect(ctx context.Context, valid func() bool, connection func(ctx conte
 			return nil
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, max(time.Second, connectTimeout))
+		backoff = min(2*backoff, max(time.Second, cfg.ConnectTimeout))
 	}
 }
 
 // ErrActivation wraps an activation step that ran out of its time.
 var ErrActivation = errors.New("mqtt activation")
+
+// ActivationContext is the context of one connection's activation: it
+// ends at the declared bound (Config.Activation), so that the bound the
+// failover package adds to the budgets is true by construction.
+func ActivationContext(ctx context.Context, cfg Config) (context.Context, context.CancelFunc) {
+	act, _ := cfg.Activation()
+	return context.WithTimeout(ctx, act.Bound)
+}
 
 // Match reports whether topic matches filter; a $share/<group>/ prefix is
 // ignored, and wildcards do not match topics starting with '$'.

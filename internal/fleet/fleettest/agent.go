@@ -15,6 +15,8 @@ import (
 	"github.com/open-telemetry/opamp-go/client"
 	"github.com/open-telemetry/opamp-go/client/types"
 	"github.com/open-telemetry/opamp-go/protobufs"
+
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // AgentOptions configure an Agent.
@@ -260,16 +262,7 @@ func uidString(u types.InstanceUid) string {
 	return string(b)
 }
 
-// Eventually polls cond every 20ms until it is true or timeout passes.
+// Eventually reports whether cond holds within timeout (testwait.Eventually).
 func Eventually(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testwait.Eventually(timeout, cond)
 }

@@ -1,14 +1,10 @@
 package opampserver
 
 import (
-	"fmt"
 	"math"
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/open-telemetry/opamp-go/protobufs"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Refusing before the upgrade
@@ -122,107 +118,4 @@ func (l *stormLog) hit(key string, now time.Time) (int, bool) {
 	n := e.count
 	e.last, e.count = now, 0
 	return n, true
-}
-
-// ReportLimits bound what an agent may report in one message. A message
-// beyond one is refused whole with an error response that names the
-// limit; nothing of it is stored. Zero fields take the defaults of
-// Options (see New).
-type ReportLimits struct {
-	// MaxAttributes bounds identifying plus non-identifying attributes.
-	MaxAttributes int
-	// MaxKeyBytes and MaxValueBytes bound one attribute's key and value.
-	MaxKeyBytes   int
-	MaxValueBytes int
-	// MaxEffectiveConfigBytes bounds the effective config (all files).
-	MaxEffectiveConfigBytes int
-	// MaxHealthComponents bounds the component health entries, nested
-	// ones included.
-	MaxHealthComponents int
-}
-
-func (l *ReportLimits) defaults() {
-	if l.MaxAttributes == 0 {
-		l.MaxAttributes = 256
-	}
-	if l.MaxKeyBytes == 0 {
-		l.MaxKeyBytes = 256
-	}
-	if l.MaxValueBytes == 0 {
-		l.MaxValueBytes = 4096
-	}
-	if l.MaxEffectiveConfigBytes == 0 {
-		l.MaxEffectiveConfigBytes = 1 << 20
-	}
-	if l.MaxHealthComponents == 0 {
-		l.MaxHealthComponents = 1000
-	}
-}
-
-// check returns "" when msg is within the limits, else the refusal: the
-// field, its size and the setting that bounds it.
-func (l ReportLimits) check(msg *protobufs.AgentToServer) string {
-	if d := msg.AgentDescription; d != nil {
-		if n := len(d.IdentifyingAttributes) + len(d.NonIdentifyingAttributes); n > l.MaxAttributes {
-			return fmt.Sprintf("agent_description: %d attributes, more than server.agentMaxAttributes (%d)", n, l.MaxAttributes)
-		}
-		for _, kvs := range [][]*protobufs.KeyValue{d.IdentifyingAttributes, d.NonIdentifyingAttributes} {
-			for _, kv := range kvs {
-				if len(kv.Key) > l.MaxKeyBytes {
-					return fmt.Sprintf("agent_description: attribute key of %d bytes (%.40q...), more than server.agentMaxAttributeKeyBytes (%d)", len(kv.Key), kv.Key, l.MaxKeyBytes)
-				}
-				if n := len(anyString(kv.Value)); n > l.MaxValueBytes {
-					return fmt.Sprintf("agent_description: value of attribute %.64q has %d bytes, more than server.agentMaxAttributeValueBytes (%d)", kv.Key, n, l.MaxValueBytes)
-				}
-			}
-		}
-	}
-	if ec := msg.EffectiveConfig; ec != nil && ec.ConfigMap != nil {
-		n := 0
-		for name, f := range ec.ConfigMap.ConfigMap {
-			n += len(name) + len(f.GetBody())
-		}
-		if n > l.MaxEffectiveConfigBytes {
-			return fmt.Sprintf("effective_config: %d bytes, more than server.agentMaxEffectiveConfigBytes (%d)", n, l.MaxEffectiveConfigBytes)
-		}
-	}
-	if h := msg.Health; h != nil {
-		if n := countComponents(h, l.MaxHealthComponents+1); n > l.MaxHealthComponents {
-			return fmt.Sprintf("health: more than server.agentMaxHealthComponents (%d) components", l.MaxHealthComponents)
-		}
-	}
-	return ""
-}
-
-// countComponents counts the nested components of h, stopping at stop.
-func countComponents(h *protobufs.ComponentHealth, stop int) int {
-	n := 0
-	for _, c := range h.ComponentHealthMap {
-		n++
-		if c != nil {
-			n += countComponents(c, stop-n)
-		}
-		if n >= stop {
-			break
-		}
-	}
-	return n
-}
-
-// isHeartbeat reports whether msg carries nothing but what opamp-go puts
-// into every message (instance UID, sequence number, capabilities): a
-// heartbeat, sent one heartbeat interval after the agent's previous
-// message (opamp-go's WSSender restarts its heartbeat timer on every
-// send).
-func isHeartbeat(msg *protobufs.AgentToServer) bool {
-	only := true
-	msg.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
-		switch fd.Name() {
-		case "instance_uid", "sequence_num", "capabilities":
-			return true
-		}
-		only = false
-		return false
-	})
-	return only
 }

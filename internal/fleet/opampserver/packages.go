@@ -3,12 +3,11 @@ package opampserver
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"maps"
 	"time"
 
 	"github.com/open-telemetry/opamp-go/protobufs"
-
-	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
 // PackagesNotifyPrefix prefixes the instance uid in an event bus
@@ -94,44 +93,45 @@ func (w *pkgWait) due() int {
 	return n
 }
 
+// offerer delivers the package offers of the agents served here.
+type offerer struct {
+	// pkgs is the source of offers; nil offers nothing.
+	pkgs Packages
+	ev   events
+	log  *slog.Logger
+	reg  *registry
+}
+
 // packagesFor returns the offer of uid for a response on connection connID,
 // or nil when there is none or it went out on this connection already.
 // The caller holds ac.mu.
-func (s *Server) packagesFor(ctx context.Context, ac *agentConn, uid string) *protobufs.PackagesAvailable {
-	if s.o.Packages == nil {
+func (o *offerer) packagesFor(ctx context.Context, ac *agentConn, uid string) *protobufs.PackagesAvailable {
+	if o.pkgs == nil {
 		return nil
 	}
-	p, err := s.o.Packages.Pending(ctx, []string{uid})
+	p, err := o.pkgs.Pending(ctx, []string{uid})
 	if err != nil {
-		s.log.Warn("loading package offers failed; the reconcile will retry", "agent", uid, "error", err)
+		o.log.Warn("loading package offers failed; the reconcile will retry", "agent", uid, "error", err)
 		return nil
 	}
 	want, ok := p[uid]
 	if !ok || want.SentConn == ac.connID {
 		return nil
 	}
-	if err := s.o.Packages.Sent(ctx, uid, ac.connID); err != nil {
-		s.log.Warn("recording a package offer failed; the reconcile will retry", "agent", uid, "error", err)
+	if err := o.pkgs.Sent(ctx, uid, ac.connID); err != nil {
+		o.log.Warn("recording a package offer failed; the reconcile will retry", "agent", uid, "error", err)
 		return nil
 	}
-	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: EventPackagesSent, ReplicaID: s.o.ReplicaID, Detail: want.Detail})
+	o.ev.add(uid, time.Now(), EventPackagesSent, want.Detail)
 	return want.Msg
 }
 
 // pushPackages sends uid's package offers if it is connected here over
 // WebSocket; a plain-HTTP agent that polled here gets them in the response
 // to its next poll (httpPackages).
-func (s *Server) pushPackages(ctx context.Context, uid string) {
-	s.mu.Lock()
-	ac := s.byUID[uid]
-	if ha := s.http[uid]; ha != nil {
-		ha.mu.Lock()
-		ha.pkgCheck = true
-		ha.mu.Unlock()
-	}
-	s.mu.Unlock()
-	if ac != nil {
-		s.sendPackages(ctx, ac)
+func (o *offerer) pushPackages(ctx context.Context, uid string) {
+	if ac := o.reg.mark(uid, func(ha *httpAgent) { ha.pkgCheck = true }); ac != nil {
+		o.sendPackages(ctx, ac)
 	}
 }
 
@@ -153,8 +153,8 @@ func (s *Server) pushPackages(ctx context.Context, uid string) {
 // hash offered again after a failed install is a new offer. An agent that
 // does not declare ReportsPackageStatuses cannot acknowledge, so it gets
 // each offer once. The caller holds ha.mu.
-func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent, msg *protobufs.AgentToServer) *protobufs.PackagesAvailable {
-	if s.o.Packages == nil {
+func (o *offerer) httpPackages(ctx context.Context, uid string, ha *httpAgent, msg *protobufs.AgentToServer) *protobufs.PackagesAvailable {
+	if o.pkgs == nil {
 		return nil
 	}
 	w := &ha.pkgWait
@@ -169,10 +169,10 @@ func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent, ms
 		return nil
 	}
 	ha.pkgCheck = false
-	p, err := s.o.Packages.Pending(ctx, []string{uid})
+	p, err := o.pkgs.Pending(ctx, []string{uid})
 	if err != nil {
 		ha.pkgCheck = true
-		s.log.Warn("loading package offers failed; the next poll retries", "agent", uid, "error", err)
+		o.log.Warn("loading package offers failed; the next poll retries", "agent", uid, "error", err)
 		return nil
 	}
 	want, ok := p[uid]
@@ -199,10 +199,10 @@ func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent, ms
 			// Looked up early (a notification, the reconcile).
 			return nil
 		}
-		again, err := s.o.Packages.Resend(ctx, uid, HTTPConnID, PackageResendAfter)
+		again, err := o.pkgs.Resend(ctx, uid, HTTPConnID, PackageResendAfter)
 		if err != nil {
 			ha.pkgCheck = true
-			s.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
+			o.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
 			return nil
 		}
 		// Sent again, here or (too recently) by another replica: wait
@@ -212,14 +212,14 @@ func (s *Server) httpPackages(ctx context.Context, uid string, ha *httpAgent, ms
 			return nil
 		}
 		detail += ", sent again: no status for it"
-	} else if err := s.o.Packages.Sent(ctx, uid, HTTPConnID); err != nil {
+	} else if err := o.pkgs.Sent(ctx, uid, HTTPConnID); err != nil {
 		ha.pkgCheck = true
-		s.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
+		o.log.Warn("recording a package offer failed; the next poll retries", "agent", uid, "error", err)
 		return nil
 	} else {
 		*w = wait
 	}
-	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: EventPackagesSent, ReplicaID: s.o.ReplicaID, Detail: detail})
+	o.ev.add(uid, time.Now(), EventPackagesSent, detail)
 	return want.Msg
 }
 
@@ -253,21 +253,18 @@ func acknowledges(ps *protobufs.PackageStatuses, hashes map[string][]byte, all [
 	return true
 }
 
-func (s *Server) sendPackages(ctx context.Context, ac *agentConn) {
+// sendPackages sends ac's offer if its connection has not had it.
+func (o *offerer) sendPackages(ctx context.Context, ac *agentConn) {
 	ac.mu.Lock()
 	defer ac.mu.Unlock()
-	pa := s.packagesFor(ctx, ac, ac.uid)
+	pa := o.packagesFor(ctx, ac, ac.uid)
 	if pa == nil {
 		return
 	}
-	msg := &protobufs.ServerToAgent{PackagesAvailable: pa}
-	msg.InstanceUid, _ = ParseUID(ac.uid)
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := ac.conn.Send(sctx, msg); err != nil {
-		s.log.Warn("sending package offers failed", "agent", ac.uid, "error", err)
+	if err := ac.send(ctx, &protobufs.ServerToAgent{PackagesAvailable: pa}); err != nil {
+		o.log.Warn("sending package offers failed", "agent", ac.uid, "error", err)
 		// Not sent after all: the reconcile tries again.
-		_ = s.o.Packages.Sent(ctx, ac.uid, "")
+		_ = o.pkgs.Sent(ctx, ac.uid, "")
 	}
 }
 
@@ -275,8 +272,8 @@ func (s *Server) sendPackages(ctx context.Context, ac *agentConn) {
 // current connections (a lost notification). The offers are read for many
 // agents per query; only the agents with an offer that their connection
 // has not had are sent anything.
-func (s *Server) reconcilePackages(ctx context.Context, acs map[string]*agentConn) {
-	if s.o.Packages == nil {
+func (o *offerer) reconcilePackages(ctx context.Context, acs map[string]*agentConn) {
+	if o.pkgs == nil {
 		return
 	}
 	uids := make([]string, 0, len(acs))
@@ -284,15 +281,15 @@ func (s *Server) reconcilePackages(ctx context.Context, acs map[string]*agentCon
 		uids = append(uids, uid)
 	}
 	for len(uids) > 0 {
-		n := min(len(uids), 1000)
-		p, err := s.o.Packages.Pending(ctx, uids[:n])
+		n := min(len(uids), queryChunk)
+		p, err := o.pkgs.Pending(ctx, uids[:n])
 		if err != nil {
-			s.log.Warn("loading package offers failed; the next reconcile retries", "error", err)
+			o.log.Warn("loading package offers failed; the next reconcile retries", "error", err)
 			return
 		}
 		for uid, want := range p {
 			if ac := acs[uid]; ac != nil && want.SentConn != ac.connID {
-				s.sendPackages(ctx, ac)
+				o.sendPackages(ctx, ac)
 			}
 		}
 		uids = uids[n:]

@@ -236,7 +236,7 @@ func (s *Server) admit(ctx context.Context, ac *agentConn, uid string, msg *prot
 		if n, ok := s.storm.hit("dup "+uid, now); ok {
 			s.log.Warn("an agent enrolled with the instance UID of an enrolled agent; it is given a new instance UID",
 				"uid", uid, "new_uid", newUID, "reason", reason, "transport", transport(ac), "source", ac.auth.source, "count", n)
-			s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventEnrollRefused, ReplicaID: s.o.ReplicaID, Detail: countDetail(detail, n)})
+			s.ev.add(uid, now, store.EventEnrollRefused, countDetail(detail, n))
 		}
 		resp.AgentIdentification = &protobufs.AgentIdentification{NewInstanceUid: nb[:]}
 		resp.InstanceUid = nb[:]
@@ -281,8 +281,8 @@ func (s *Server) refuseSecret(ac *agentConn, uid, what, detail string, now time.
 	if n, ok := s.storm.hit(what+" "+uid, now); ok {
 		s.log.Warn("refused an enrollment with the secret; its source waits before its next try", "agent", uid, "reason", what, "detail", detail,
 			"transport", transport(ac), "source", ac.auth.source, "backoff_s", s.o.SecretBackoff.Seconds(), "count", n)
-		s.o.Batcher.Event(store.Event{InstanceUID: uid, At: now, Kind: store.EventEnrollRefused, ReplicaID: s.o.ReplicaID,
-			Detail: countDetail(fmt.Sprintf("enrollment with the secret over %s from %s refused: %s (%s)", transport(ac), ac.auth.source, what, detail), n)})
+		s.ev.add(uid, now, store.EventEnrollRefused,
+			countDetail(fmt.Sprintf("enrollment with the secret over %s from %s refused: %s (%s)", transport(ac), ac.auth.source, what, detail), n))
 	}
 }
 
@@ -307,8 +307,7 @@ func (s *Server) enrollOffer(ctx context.Context, ac *agentConn, uid string, cap
 		how = "re-enrollment allowed by an admin"
 	}
 	s.log.Info("issued an agent credential", "agent", uid, "how", how, "transport", transport(ac), "source", ac.auth.source)
-	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: store.EventCredentialIssued, ReplicaID: s.o.ReplicaID,
-		Detail: fmt.Sprintf("%s over %s from %s", how, transport(ac), ac.auth.source)})
+	s.ev.add(uid, time.Now(), store.EventCredentialIssued, fmt.Sprintf("%s over %s from %s", how, transport(ac), ac.auth.source))
 	resp.ConnectionSettings = s.offer(cred, ac.auth.endpoint, caps, ac.ws, hb)
 	resp.Capabilities |= uint64(protobufs.ServerCapabilities_ServerCapabilities_OffersConnectionSettings)
 	return true
@@ -382,9 +381,7 @@ func (s *Server) revoke(uid string) {
 // rotate sends agent uid a new credential if it is connected here (on its
 // next heartbeat when its interval is not known yet).
 func (s *Server) rotate(ctx context.Context, uid string) {
-	s.mu.Lock()
-	ac := s.byUID[uid]
-	s.mu.Unlock()
+	ac := s.wsConn(uid)
 	if ac == nil {
 		return
 	}
@@ -404,12 +401,8 @@ func (s *Server) rotate(ctx context.Context, uid string) {
 	}
 	msg := &protobufs.ServerToAgent{ConnectionSettings: offer,
 		Capabilities: uint64(protobufs.ServerCapabilities_ServerCapabilities_OffersConnectionSettings)}
-	msg.InstanceUid, _ = ParseUID(uid)
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := ac.conn.Send(sctx, msg); err != nil {
+	if err := ac.send(ctx, msg); err != nil {
 		s.log.Warn("sending a rotated credential failed", "agent", uid, "error", err)
-		return
 	}
 }
 
@@ -421,8 +414,47 @@ func (s *Server) rotateOffer(ctx context.Context, ac *agentConn, uid string) (*p
 		return nil, err
 	}
 	s.log.Info("agent credential rotated", "agent", uid)
-	s.o.Batcher.Event(store.Event{InstanceUID: uid, At: time.Now(), Kind: store.EventCredentialRotated, ReplicaID: s.o.ReplicaID})
+	s.ev.add(uid, time.Now(), store.EventCredentialRotated, "")
 	return s.offer(cred, ac.auth.endpoint, ac.seen.caps, ac.ws, ac.hb), nil
+}
+
+// pendingOffer puts the credential offer that waited for the agent's
+// heartbeat interval (needsLearnedHeartbeat) into resp.
+func (s *Server) pendingOffer(ctx context.Context, ac *agentConn, uid string, resp *protobufs.ServerToAgent) {
+	switch ac.pending {
+	case pendingEnroll:
+		ac.pending = 0
+		s.enrollOffer(ctx, ac, uid, ac.seen.caps, ac.hb, resp)
+	case pendingRotate:
+		ac.pending = 0
+		offer, err := s.rotateOffer(ctx, ac, uid)
+		if err != nil {
+			s.log.Warn("rotating an agent credential failed", "agent", uid, "error", err)
+			return
+		}
+		resp.ConnectionSettings = offer
+		resp.Capabilities |= uint64(protobufs.ServerCapabilities_ServerCapabilities_OffersConnectionSettings)
+	}
+}
+
+// reconcileIdentity acts on the revocations and rotations of the agents
+// uids whose notification was lost.
+func (s *Server) reconcileIdentity(ctx context.Context, uids []string) error {
+	rev, err := s.o.Store.RevokedAmong(ctx, uids)
+	if err != nil {
+		return err
+	}
+	for uid := range rev {
+		s.revoke(uid)
+	}
+	rot, err := s.o.Store.PendingRotations(ctx, uids)
+	if err != nil {
+		return err
+	}
+	for uid := range rot {
+		s.rotate(ctx, uid)
+	}
+	return nil
 }
 
 // refuseMessage ends a connection whose message is refused (a credential

@@ -34,6 +34,38 @@ type Row struct {
 	ObsElapsedNS int64
 }
 
+// Columns are the columns of a row in the SQL backends' myriarch_leases
+// table, in the order of Row.Fields and Row.Values.
+const Columns = "owner, version, renewed_at_ns, expiry_ns, endpoint, obs_seq, obs_elapsed_ns"
+
+// Fields are pointers to r's fields in the order of Columns: what a
+// SELECT of Columns scans into.
+func (r *Row) Fields() []any {
+	return []any{&r.Owner, &r.Version, &r.RenewedAtNS, &r.ExpiryNS, &r.Endpoint, &r.ObsSeq, &r.ObsElapsedNS}
+}
+
+// Values are r's fields in the order of Columns, followed by more: the
+// arguments of an INSERT or UPDATE of Columns.
+func (r Row) Values(more ...any) []any {
+	return append([]any{r.Owner, r.Version, r.RenewedAtNS, r.ExpiryNS, r.Endpoint, r.ObsSeq, r.ObsElapsedNS}, more...)
+}
+
+// Scan is the Load of an SQL backend: scan is the Scan of a query for the
+// Columns of row id, noRows the driver's error for no row (found false);
+// another error is wrapped with the backend's name. The revision is the
+// row's ObsSeq.
+func Scan(scan func(dest ...any) error, noRows error, backend, id string) (row Row, rev int64, found bool, err error) {
+	var r Row
+	err = scan(r.Fields()...)
+	if errors.Is(err, noRows) {
+		return Row{}, 0, false, nil
+	}
+	if err != nil {
+		return Row{}, 0, false, fmt.Errorf("%s: load %q: %w", backend, id, err)
+	}
+	return r, r.ObsSeq, true, nil
+}
+
 // Backend is a table of rows with compare-and-set writes. Every method is
 // one store operation (one statement, one transaction or one etcd txn).
 type Backend interface {

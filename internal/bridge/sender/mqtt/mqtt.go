@@ -22,7 +22,6 @@ package mqtt
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,21 +36,9 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 )
 
-// Config configures the sender.
-type Config struct {
-	Broker         string
-	ClientID       string
-	Username       string
-	Password       []byte
-	TLS            *tls.Config
-	QoS            byte
-	KeepAlive      time.Duration
-	ConnectTimeout time.Duration
-	// Timeout fails a message whose PUBACK has not arrived in time; the
-	// connection is then considered broken and recycled.
-	Timeout time.Duration
-	Logger  *slog.Logger
-}
+// Config configures the sender (MaxInFlight is not used: the broker's
+// receive maximum bounds what is in flight).
+type Config = sender.MQTTConfig
 
 type item struct {
 	m    *sender.Message
@@ -89,15 +76,7 @@ var ErrConnectionLost = errors.New("mqtt sender: connection lost before PUBACK")
 
 // New starts the sender; it connects in the background and Close stops it.
 func New(cfg Config) *Sender {
-	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = 30 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sender{cfg: cfg, log: cfg.Logger.With("sender", "mqtt", "broker", cfg.Broker), pending: map[uint16]item{},
 		kick: make(chan struct{}, 1), acked: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
@@ -621,9 +600,5 @@ func PermanentReason(code byte) bool {
 
 // Close stops the sender within ctx: unacknowledged messages fail.
 func (s *Sender) Close(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	return sender.AwaitDone(ctx, s.done)
+	return sender.Close(ctx, &s.mu, &s.closed, s.cancel, s.done)
 }

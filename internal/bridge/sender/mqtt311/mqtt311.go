@@ -24,7 +24,6 @@ package mqtt311
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,23 +38,7 @@ import (
 )
 
 // Config configures the sender.
-type Config struct {
-	Broker         string
-	ClientID       string
-	Username       string
-	Password       []byte
-	TLS            *tls.Config
-	QoS            byte
-	KeepAlive      time.Duration
-	ConnectTimeout time.Duration
-	// Timeout fails a message whose PUBACK (PUBCOMP) has not arrived in
-	// time; the connection is then considered broken and recycled.
-	Timeout time.Duration
-	// MaxInFlight bounds the messages published and not yet acknowledged
-	// (default 1000): MQTT 3.1.1 has no receive maximum to learn it from.
-	MaxInFlight int
-	Logger      *slog.Logger
-}
+type Config = sender.MQTTConfig
 
 // DefaultMaxInFlight is the default of Config.MaxInFlight.
 const DefaultMaxInFlight = 1000
@@ -87,17 +70,9 @@ type Sender struct {
 
 // New starts the sender; it connects in the background and Close stops it.
 func New(cfg Config) *Sender {
-	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = 30 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
+	cfg = cfg.WithDefaults()
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sender{cfg: cfg, log: cfg.Logger.With("sender", "mqtt", "protocol", "3.1.1", "broker", cfg.Broker),
@@ -297,11 +272,7 @@ func (s *Sender) connect() (paho.Client, <-chan error, error) {
 
 // Close stops the sender within ctx: unacknowledged messages fail.
 func (s *Sender) Close(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	return sender.AwaitDone(ctx, s.done)
+	return sender.Close(ctx, &s.mu, &s.closed, s.cancel, s.done)
 }
 
 // expired reports whether m's MQTT 5 expiry interval passed while the

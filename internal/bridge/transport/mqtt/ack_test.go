@@ -11,6 +11,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // held is a message the test handler keeps with its ack.
@@ -35,7 +36,7 @@ func runHolding(t *testing.T, url, filter string, qos byte) (got chan held, stop
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
-	waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 	return got, func() { cancel(); <-ran }
 }
 
@@ -102,7 +103,7 @@ func TestAcksLeaveInArrivalOrder(t *testing.T) {
 		t.Fatalf("the broker holds %d unacknowledged messages after acks of 2 and 3 before 1, want 3", n)
 	}
 	hs[0].ack()
-	waitFor(t, "all three acknowledged", func() bool { return inflight(b) == 0 })
+	testwait.Until(t, "all three acknowledged", waitLimit, func() bool { return inflight(b) == 0 })
 }
 
 // QoS 2 inbound: the session answers PUBLISH with PUBREC when the handler
@@ -129,7 +130,7 @@ func TestQoS2Inbound(t *testing.T) {
 			last = h
 		}
 	}
-	waitFor(t, "two exchanges completed", func() bool { return inflight(b) == 1 })
+	testwait.Until(t, "two exchanges completed", waitLimit, func() bool { return inflight(b) == 1 })
 	stop()
 	_ = last
 
@@ -140,7 +141,7 @@ func TestQoS2Inbound(t *testing.T) {
 		t.Fatalf("redelivered %q, want 3", h.m.Payload)
 	}
 	h.ack()
-	waitFor(t, "every exchange completed", func() bool { return inflight(b) == 0 })
+	testwait.Until(t, "every exchange completed", waitLimit, func() bool { return inflight(b) == 0 })
 }
 
 // Acknowledgments released in a burst share writes (they wait a moment
@@ -162,5 +163,5 @@ func TestBurstOfAcksAllArrive(t *testing.T) {
 	for _, h := range hs {
 		h.ack()
 	}
-	waitFor(t, "all acknowledged", func() bool { return inflight(b) == 0 })
+	testwait.Until(t, "all acknowledged", waitLimit, func() bool { return inflight(b) == 0 })
 }

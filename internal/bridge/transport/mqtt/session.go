@@ -94,14 +94,12 @@ func (s *Session) Drain() { s.draining.Store(true) }
 // a loss. It returns when ctx ends, after a clean DISCONNECT that keeps the
 // broker session (session expiry) so that a successor resumes it.
 func (s *Session) Run(ctx context.Context) error {
-	defer s.setLevel(transport.LevelNone)
-	return transport.Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(transport.LevelNone) }, s.cfg.ConnectTimeout, s.log)
+	return transport.Reconnect(ctx, s.cfg, s.valid, s.setLevel, s.connection, s.log)
 }
 
 // connection runs one connection: activation, then serving until loss.
 func (s *Session) connection(ctx context.Context, attempt int) error {
-	act, _ := s.cfg.Activation()
-	actCtx, actCancel := context.WithTimeout(ctx, act.Bound)
+	actCtx, actCancel := transport.ActivationContext(ctx, s.cfg)
 	defer actCancel()
 
 	var l *link
@@ -113,22 +111,15 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 		return err
 	}
 	defer l.close(true)
-	s.setLevel(transport.LevelDegraded)
-	full, err := transport.Reconcile(actCtx, s.cfg, s.state(), transport.Reconciler{
+	err = transport.Activate(actCtx, s.cfg, s.state(), transport.Reconciler{
 		SessionPresent: s.SessionPresent(),
 		Unsubscribe:    func(ctx context.Context, filters []string) error { return s.unsubscribe(ctx, l, filters) },
 		Subscribe: func(ctx context.Context, subs []transport.Subscription) (map[string]bool, error) {
 			return s.subscribe(ctx, l, subs)
 		},
-	}, s.log)
+	}, s.log, s.setLevel, s.activated)
 	if err != nil {
 		return err
-	}
-	if full {
-		s.mu.Lock()
-		s.activatedAt = time.Now()
-		s.mu.Unlock()
-		s.setLevel(transport.LevelFull)
 	}
 	// What arrived during activation is handed on now, then every
 	// message as the reading goroutine decodes it.
@@ -346,7 +337,7 @@ func (s *Session) handOn(r *received) {
 	if s.draining.Load() || !s.valid() {
 		return // left unacknowledged for the next owner
 	}
-	if !s.wanted(r.msg.Topic) {
+	if !transport.Wanted(s.cfg.Subscriptions, r.msg.Topic) {
 		s.unmatched.Add(1)
 		s.mu.Lock()
 		inGrace := time.Since(s.activatedAt) < s.cfg.UnmatchedGrace || s.activatedAt.IsZero()
@@ -359,13 +350,12 @@ func (s *Session) handOn(r *received) {
 	}
 	s.cfg.Handler(&r.msg, r.ack)
 }
-func (s *Session) wanted(topic string) bool {
-	for _, sub := range s.cfg.Subscriptions {
-		if transport.Match(sub.Filter, topic) {
-			return true
-		}
-	}
-	return false
+
+// activated records when the latest activation completed.
+func (s *Session) activated(at time.Time) {
+	s.mu.Lock()
+	s.activatedAt = at
+	s.mu.Unlock()
 }
 
 // state is the session's subscription state file.

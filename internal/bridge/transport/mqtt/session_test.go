@@ -18,22 +18,15 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/testnet"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/mochi-mqtt/server/v2.(*Server).eventLoop"))
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitLimit bounds the waits of this package's tests (testwait.Until).
+const waitLimit = 20 * time.Second
 
 func TestMatch(t *testing.T) {
 	for _, c := range []struct {
@@ -90,7 +83,7 @@ func TestConnectTimeoutEndsEachAttempt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
-	waitFor(t, "three bounded attempts", func() bool { return accepted.Load() >= 3 })
+	testwait.Until(t, "three bounded attempts", waitLimit, func() bool { return accepted.Load() >= 3 })
 	if s.Level() != transport.LevelNone {
 		t.Fatalf("level %v without a CONNACK", s.Level())
 	}
@@ -132,17 +125,17 @@ func TestServiceLevelFollowsBrokerPath(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = s.Run(ctx) }()
-	waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 	r.SetTarget("")
 	_ = b.Close()
-	waitFor(t, "none", func() bool { return s.Level() == transport.LevelNone })
+	testwait.Until(t, "none", waitLimit, func() bool { return s.Level() == transport.LevelNone })
 	b2, err := embroker.Start("", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b2.Close()
 	r.SetTarget(b2.Addr)
-	waitFor(t, "full again", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "full again", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 	cancel()
 	<-ran
 	mu.Lock()
@@ -182,7 +175,7 @@ func TestReconcileUnsubscribesRemovedFilters(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan struct{})
 		go func() { defer close(ran); _ = s.Run(ctx) }()
-		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
+		testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 		return func() { cancel(); <-ran }
 	}
 	stop := run("a/#", "b/#")
@@ -199,7 +192,7 @@ func TestReconcileUnsubscribesRemovedFilters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "a/x", func() bool { _, ok := got.Load("a/x"); return ok })
+	testwait.Until(t, "a/x", waitLimit, func() bool { _, ok := got.Load("a/x"); return ok })
 	if len(b.Server.Topics.Subscribers("b/x").Subscriptions) != 0 {
 		t.Fatal("b/# is still subscribed on the broker")
 	}
@@ -248,7 +241,7 @@ func TestEndedTenureDoesNotReconnect(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { done <- s.Run(ctx) }()
-	waitFor(t, "a connection attempt", func() bool { return accepts.Load() > 0 })
+	testwait.Until(t, "a connection attempt", waitLimit, func() bool { return accepts.Load() > 0 })
 	ten.ok.Store(false)
 	select {
 	case err := <-done:

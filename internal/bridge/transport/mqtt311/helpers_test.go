@@ -15,16 +15,8 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/mochi-mqtt/server/v2.(*Server).eventLoop"))
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitLimit bounds the waits of this package's tests (testwait.Until).
+const waitLimit = 30 * time.Second
 
 // broker is one real broker a test runs against: mosquitto 2.0 (from apt;
 // skipped without it unless CI=true) or the embedded mochi-mqtt. Both

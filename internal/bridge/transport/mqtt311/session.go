@@ -119,14 +119,12 @@ func (s *Session) valid() bool { return s.cfg.Tenure == nil || s.cfg.Tenure.Vali
 // broker session (CleanSession false) for a successor, or with
 // ErrTenureEnded once the tenure is invalid: it never connects after that.
 func (s *Session) Run(ctx context.Context) error {
-	defer s.setLevel(transport.LevelNone)
-	return transport.Reconnect(ctx, s.valid, s.connection, func() { s.setLevel(transport.LevelNone) }, s.cfg.ConnectTimeout, s.log)
+	return transport.Reconnect(ctx, s.cfg, s.valid, s.setLevel, s.connection, s.log)
 }
 
 // connection runs one connection: activation, then serving until loss.
 func (s *Session) connection(ctx context.Context, attempt int) error {
-	act, _ := s.cfg.Activation()
-	actCtx, actCancel := context.WithTimeout(ctx, act.Bound)
+	actCtx, actCancel := transport.ActivationContext(ctx, s.cfg)
 	defer actCancel()
 
 	lost := make(chan error, 1)
@@ -145,22 +143,15 @@ func (s *Session) connection(ctx context.Context, attempt int) error {
 		// (one writer, in order); the quiesce bounds the wait for it.
 		cli.Disconnect(250)
 	}()
-	s.setLevel(transport.LevelDegraded)
-	full, err := transport.Reconcile(actCtx, s.cfg, s.state(), transport.Reconciler{
+	err = transport.Activate(actCtx, s.cfg, s.state(), transport.Reconciler{
 		SessionPresent: s.SessionPresent(),
 		Unsubscribe:    func(ctx context.Context, filters []string) error { return s.wait(ctx, cli.Unsubscribe(filters...)) },
 		Subscribe: func(ctx context.Context, subs []transport.Subscription) (map[string]bool, error) {
 			return s.subscribe(ctx, cli, subs)
 		},
-	}, s.log)
+	}, s.log, s.setLevel, s.activated)
 	if err != nil {
 		return err
-	}
-	if full {
-		s.mu.Lock()
-		s.activatedAt = time.Now()
-		s.mu.Unlock()
-		s.setLevel(transport.LevelFull)
 	}
 
 	select {
@@ -274,7 +265,7 @@ func (s *Session) onMessage(m paho.Message, acks *acker) {
 	} else {
 		ack = func() {}
 	}
-	if !s.wanted(m.Topic()) {
+	if !transport.Wanted(s.cfg.Subscriptions, m.Topic()) {
 		s.unmatched.Add(1)
 		s.mu.Lock()
 		inGrace := s.activatedAt.IsZero() || time.Since(s.activatedAt) < s.cfg.UnmatchedGrace
@@ -288,13 +279,11 @@ func (s *Session) onMessage(m paho.Message, acks *acker) {
 	s.cfg.Handler(&transport.Message{Topic: m.Topic(), Payload: m.Payload(), QoS: m.Qos(), Retain: m.Retained(), Received: time.Now()}, ack)
 }
 
-func (s *Session) wanted(topic string) bool {
-	for _, sub := range s.cfg.Subscriptions {
-		if transport.Match(sub.Filter, topic) {
-			return true
-		}
-	}
-	return false
+// activated records when the latest activation completed.
+func (s *Session) activated(at time.Time) {
+	s.mu.Lock()
+	s.activatedAt = at
+	s.mu.Unlock()
 }
 
 // acker sends the acknowledgments of one connection in the order the

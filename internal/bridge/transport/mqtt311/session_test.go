@@ -18,6 +18,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/faultnet"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // fakeMessage records its acknowledgment.
@@ -149,7 +150,7 @@ func TestResumedSession(t *testing.T) {
 		rec := &record{}
 		cfg := testConfig(b.url, "plant-bridge", rec.handle)
 		s, stop := start(t, cfg)
-		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
+		testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 		if s.SessionPresent() {
 			t.Fatal("a new broker session reported as present")
 		}
@@ -163,7 +164,7 @@ func TestResumedSession(t *testing.T) {
 		rec2 := &record{}
 		cfg.Handler = rec2.handle
 		s2, _ := start(t, cfg)
-		waitFor(t, "20 queued messages", func() bool { return len(rec2.payloads()) >= 20 })
+		testwait.Until(t, "20 queued messages", waitLimit, func() bool { return len(rec2.payloads()) >= 20 })
 		if !s2.SessionPresent() {
 			t.Fatal("the resumed broker session not reported as present")
 		}
@@ -197,7 +198,7 @@ func TestAtLeastOnceAcrossACutConnection(t *testing.T) {
 		rec := &record{}
 		cfg := testConfig("tcp://"+cut.Addr(), "alo-bridge", rec.handle)
 		s, _ := start(t, cfg)
-		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
+		testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 		p := publisher(t, b.url)
 		const n = 300
 		for i := range n {
@@ -206,7 +207,7 @@ func TestAtLeastOnceAcrossACutConnection(t *testing.T) {
 				cut.Cut()
 			}
 		}
-		waitFor(t, "every message", func() bool { return distinct(rec.payloads()) == n })
+		testwait.Until(t, "every message", waitLimit, func() bool { return distinct(rec.payloads()) == n })
 		if b.ordersResends {
 			checkFirstArrivalsInOrder(t, rec.payloads())
 		}
@@ -285,12 +286,12 @@ func TestTenureEndedNoReconnectNoDelivery(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { ran <- s.Run(ctx) }()
-	waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 	p := publisher(t, b.URL)
 	for i := range 4 {
 		publish(t, p, "t/a", 1, strconv.Itoa(i))
 	}
-	waitFor(t, "4 delivered", func() bool { return len(rec.payloads()) == 4 })
+	testwait.Until(t, "4 delivered", waitLimit, func() bool { return len(rec.payloads()) == 4 })
 
 	ten.ok.Store(false)
 	for i := 4; i < 8; i++ {
@@ -420,15 +421,15 @@ func TestRetainedMessages(t *testing.T) {
 		rec := &record{}
 		cfg := testConfig(b.url, "retain-bridge", rec.handle)
 		s, stop := start(t, cfg)
-		waitFor(t, "full", func() bool { return s.Level() == transport.LevelFull })
-		waitFor(t, "the retained message", func() bool { return len(rec.payloads()) >= 1 })
+		testwait.Until(t, "full", waitLimit, func() bool { return s.Level() == transport.LevelFull })
+		testwait.Until(t, "the retained message", waitLimit, func() bool { return len(rec.payloads()) >= 1 })
 		if tok := p.Publish("t/live", 1, true, "live"); !tok.WaitTimeout(20*time.Second) || tok.Error() != nil {
 			t.Fatal(tok.Error())
 		}
-		waitFor(t, "the live message", func() bool { return len(rec.payloads()) >= 2 })
+		testwait.Until(t, "the live message", waitLimit, func() bool { return len(rec.payloads()) >= 2 })
 		// Stop only after both are acknowledged: an unacknowledged live
 		// message is rightly sent again on resume, as a live message.
-		waitFor(t, "both acknowledged", func() bool { return rec.acked.Load() >= 2 })
+		testwait.Until(t, "both acknowledged", waitLimit, func() bool { return rec.acked.Load() >= 2 })
 		rec.mu.Lock()
 		first, live := *rec.msgs[0], *rec.msgs[1]
 		rec.mu.Unlock()
@@ -444,7 +445,7 @@ func TestRetainedMessages(t *testing.T) {
 		rec2 := &record{}
 		cfg.Handler = rec2.handle
 		s2, _ := start(t, cfg)
-		waitFor(t, "the retained messages again", func() bool { return len(rec2.payloads()) >= 2 })
+		testwait.Until(t, "the retained messages again", waitLimit, func() bool { return len(rec2.payloads()) >= 2 })
 		if !s2.SessionPresent() {
 			t.Fatal("the session was not resumed")
 		}

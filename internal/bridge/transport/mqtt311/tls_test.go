@@ -9,6 +9,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/testpki"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // The 3.1.1 session dials through the bridge's TLS configuration and
@@ -27,7 +28,7 @@ func TestTLSAndCredentials(t *testing.T) {
 	cfg.ConnectTimeout = 5 * time.Second
 	cfg.Username, cfg.Password, cfg.TLS = "bridge", []byte("s3cret"), clientTLS
 	s, _ := start(t, cfg)
-	waitFor(t, "full over TLS with credentials", func() bool { return s.Level() == transport.LevelFull })
+	testwait.Until(t, "full over TLS with credentials", waitLimit, func() bool { return s.Level() == transport.LevelFull })
 
 	for _, c := range []struct {
 		name string
