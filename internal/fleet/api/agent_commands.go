@@ -11,13 +11,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// registerAgentCommands adds the agent commands: restart, and clearing the
-// desired config.
-func (a *API) registerAgentCommands(mux *http.ServeMux) {
-	a.route(mux, store.RoleOperator, "POST /api/v1/agents/{uid}/restart", a.restartAgent)
-	a.route(mux, store.RoleOperator, "DELETE /api/v1/agents/{uid}/config", a.clearConfig)
-}
-
 // ErrCannotRestart is returned by RestartAgent for an agent that is
 // offline or does not accept the restart command.
 var ErrCannotRestart = errors.New("cannot restart")
@@ -66,12 +59,7 @@ func (a *API) ClearConfig(ctx context.Context, uid string) (string, error) {
 func (a *API) clearConfig(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
 	hash, err := a.ClearConfig(r.Context(), uid)
-	if errors.Is(err, store.ErrNotFound) {
-		writeErr(w, http.StatusNotFound, "no agent "+uid)
-		return
-	}
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
+	if agentErr(w, uid, err) {
 		return
 	}
 	a.o.Log.Info("remote config cleared", "agent", uid, "token", TokenName(r.Context()))

@@ -9,15 +9,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// registerAgentCredentials adds the admin endpoints of agents' own
-// credentials: show, rotate, revoke, allow re-enrollment.
-func (a *API) registerAgentCredentials(mux *http.ServeMux) {
-	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/credential/allow-reenroll", a.allowReenroll)
-	a.route(mux, store.RoleAdmin, "GET /api/v1/agents/{uid}/credential", a.getCredential)
-	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/credential/rotate", a.rotateCredential)
-	a.route(mux, store.RoleAdmin, "POST /api/v1/agents/{uid}/revoke", a.revokeAgent)
-}
-
 func (a *API) getCredential(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
 	c, ok, err := a.o.Store.AgentCredentialOf(r.Context(), uid)
@@ -64,12 +55,7 @@ func (a *API) RevokeAgent(ctx context.Context, uid string) (store.AgentCredentia
 func (a *API) revokeAgent(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
 	c, err := a.RevokeAgent(r.Context(), uid)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		writeErr(w, http.StatusNotFound, "no agent "+uid)
-	case err != nil:
-		writeErr(w, http.StatusInternalServerError, err.Error())
-	default:
+	if !agentErr(w, uid, err) {
 		a.o.Log.Info("agent revoked", "agent", uid, "by", c.RevokedBy)
 		writeJSON(w, http.StatusOK, c)
 	}

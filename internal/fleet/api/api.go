@@ -156,21 +156,9 @@ func (a *API) Register(mux *http.ServeMux) {
 	// The document describes the API's shape, which is no secret (it is
 	// in the source): tools fetch it before they hold a token.
 	a.public(mux, "GET /api/v1/openapi.json", http.HandlerFunc(a.serveOpenAPI))
-	a.route(mux, store.RoleViewer, "GET /api/v1/overview", a.overview)
-	a.route(mux, store.RoleViewer, "GET /api/v1/agents", a.listAgents)
-	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}", a.getAgent)
-	a.route(mux, store.RoleOperator, "PUT /api/v1/agents/{uid}/config", a.setConfig)
-	a.registerAgentCommands(mux)
-	a.registerAgentCredentials(mux)
-	a.route(mux, store.RoleViewer, "GET /api/v1/cluster", a.cluster)
-	a.route(mux, store.RoleAdmin, "GET /api/v1/tokens", a.listTokens)
-	a.route(mux, store.RoleAdmin, "POST /api/v1/tokens", a.createToken)
-	a.route(mux, store.RoleAdmin, "DELETE /api/v1/tokens/{id}", a.revokeToken)
-	a.registerConfigs(mux)
-	a.registerPackages(mux)
-	a.route(mux, store.RoleViewer, "/api/", func(w http.ResponseWriter, r *http.Request) {
-		writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
-	})
+	for _, e := range a.endpoints() {
+		a.route(mux, e.role, e.pattern, e.h)
+	}
 }
 
 // Authentication outcomes of Check besides success.
@@ -303,6 +291,18 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // whose message locates problems in content ("config:12: routes[0].x:
 // ...") also lists them in problems, so that a client can point at the
 // file and line it sent.
+// agentErr answers the error of an operation on agent uid (404 for an
+// unknown agent, 500 otherwise) and tells whether there was one.
+func agentErr(w http.ResponseWriter, uid string, err error) bool {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeErr(w, http.StatusNotFound, "no agent "+uid)
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	}
+	return err != nil
+}
+
 func writeErr(w http.ResponseWriter, code int, msg string) {
 	b := ErrorBody{Error: msg}
 	if code == http.StatusBadRequest || code == http.StatusUnprocessableEntity {
@@ -329,11 +329,7 @@ type LeaderInfo struct {
 
 func (a *API) overview(w http.ResponseWriter, r *http.Request) {
 	o, err := a.Overview(r.Context())
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, o)
+	writeOne(w, o, err, "overview")
 }
 
 // Overview gathers the fleet overview (also used by the UI).
@@ -433,12 +429,7 @@ type AgentDetail struct {
 
 func (a *API) getAgent(w http.ResponseWriter, r *http.Request) {
 	d, err := a.AgentDetail(r.Context(), r.PathValue("uid"))
-	if errors.Is(err, store.ErrNotFound) {
-		writeErr(w, http.StatusNotFound, "no agent "+r.PathValue("uid"))
-		return
-	}
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
+	if agentErr(w, r.PathValue("uid"), err) {
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
@@ -495,12 +486,7 @@ func (a *API) setConfig(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hash, err := a.o.Store.SetDesiredConfigBy(r.Context(), uid, req.Config, "token "+TokenName(r.Context()))
-	if errors.Is(err, store.ErrNotFound) {
-		writeErr(w, http.StatusNotFound, "no agent "+uid)
-		return
-	}
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
+	if agentErr(w, uid, err) {
 		return
 	}
 	a.o.Log.Info("remote config set", "agent", uid, "hash", hash, "token", TokenName(r.Context()))
@@ -548,11 +534,7 @@ type ClusterInfo struct {
 
 func (a *API) cluster(w http.ResponseWriter, r *http.Request) {
 	c, err := a.Cluster(r.Context())
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, c)
+	writeOne(w, c, err, "cluster")
 }
 
 // Cluster gathers the cluster view (also used by the UI).

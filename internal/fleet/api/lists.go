@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -31,6 +32,18 @@ func writeOne(w http.ResponseWriter, v any, err error, what string) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// readBody decodes the JSON body of r into v, refusing unknown fields and
+// a body over limit bytes; a refused body is answered 400.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+		return false
+	}
+	return true
 }
 
 // queryLimit reads the optional query parameter name, an integer within

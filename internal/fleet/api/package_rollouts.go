@@ -1,22 +1,13 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
 
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
-	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 )
-
-// registerPackageRollouts adds upgrades of agent software as rollouts.
-func (a *API) registerPackageRollouts(mux *http.ServeMux) {
-	a.route(mux, store.RoleOperator, "POST /api/v1/packages/{name}/rollouts", a.createPackageRollout)
-	a.route(mux, store.RoleViewer, "GET /api/v1/package-rollouts", a.listPackageRollouts)
-	a.route(mux, store.RoleOperator, "POST /api/v1/package-rollouts/{id}/{command}", a.commandPackageRollout)
-}
 
 // PackageRolloutRequest is the body of POST /api/v1/packages/{name}/rollouts:
 // the version and the fields of a rollout spec (waves, max_in_progress,
@@ -29,10 +20,7 @@ type PackageRolloutRequest struct {
 
 func (a *API) createPackageRollout(w http.ResponseWriter, r *http.Request) {
 	var req PackageRolloutRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+	if !readBody(w, r, 64<<10, &req) {
 		return
 	}
 	ro, err := upgrades.Create(r.Context(), a.o.Store.Pool, r.PathValue("name"), req.Version, req.Spec, tokenRef(r.Context()))

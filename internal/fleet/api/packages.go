@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,21 +12,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 )
-
-// registerPackages adds the agent software endpoints: package sources,
-// releases, stored artifacts with download progress, and the versions the
-// fleet runs.
-func (a *API) registerPackages(mux *http.ServeMux) {
-	a.route(mux, store.RoleViewer, "GET /api/v1/packages", a.listPackages)
-	a.route(mux, store.RoleOperator, "PUT /api/v1/packages/{name}", a.putPackage)
-	a.route(mux, store.RoleOperator, "DELETE /api/v1/packages/{name}", a.deletePackage)
-	a.route(mux, store.RoleViewer, "GET /api/v1/packages/{name}/releases", a.listReleases)
-	a.route(mux, store.RoleViewer, "GET /api/v1/releases", a.listReleases)
-	a.route(mux, store.RoleViewer, "GET /api/v1/artifacts", a.listArtifacts)
-	a.route(mux, store.RoleViewer, "GET /api/v1/packages/versions", a.packageVersions)
-	a.route(mux, store.RoleOperator, "POST /api/v1/packages/{name}/offers", a.offerPackage)
-	a.registerPackageRollouts(mux)
-}
 
 // SoftwareView is what the API and the UI show about agent software.
 type SoftwareView struct {
@@ -74,10 +58,7 @@ type PackageRequest struct {
 
 func (a *API) putPackage(w http.ResponseWriter, r *http.Request) {
 	var req PackageRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+	if !readBody(w, r, 64<<10, &req) {
 		return
 	}
 	d, err := time.ParseDuration(strings.TrimSpace(req.PollInterval))
@@ -154,10 +135,7 @@ type OfferRequest struct {
 
 func (a *API) offerPackage(w http.ResponseWriter, r *http.Request) {
 	var req OfferRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+	if !readBody(w, r, 1<<20, &req) {
 		return
 	}
 	if req.Version == "" {

@@ -8,15 +8,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// registerPreviews adds the previews: a rollout's dry run and a revision
-// against what the agents run now. Neither stores anything.
-func (a *API) registerPreviews(mux *http.ServeMux) {
-	// Operator, like POST /api/v1/rollouts: the plan answers with the same
-	// refusals as the rollout it previews.
-	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts/plan", a.planRollout)
-	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}/revisions/{rev}/preview", a.previewRevision)
-}
-
 // planRollout answers rollout.Plan for the body of POST /api/v1/rollouts.
 func (a *API) planRollout(w http.ResponseWriter, r *http.Request) {
 	var req rollout.Request

@@ -16,25 +16,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// registerConfigs adds the configuration and rollout endpoints.
-func (a *API) registerConfigs(mux *http.ServeMux) {
-	a.route(mux, store.RoleViewer, "GET /api/v1/configs", a.listConfigs)
-	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}", a.getConfig)
-	a.route(mux, store.RoleOperator, "PUT /api/v1/configs/{name}", a.putConfig)
-	a.route(mux, store.RoleOperator, "POST /api/v1/configs/{name}/revisions", a.addRevision)
-	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}/revisions/{rev}", a.getRevision)
-	a.route(mux, store.RoleViewer, "GET /api/v1/configs/{name}/diff", a.diff)
-	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}/assignment", a.assignment)
-	a.route(mux, store.RoleViewer, "GET /api/v1/agents/{uid}/intents", a.agentIntents)
-	a.route(mux, store.RoleViewer, "GET /api/v1/gitops", a.gitopsStatus)
-	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts", a.listRollouts)
-	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts", a.createRollout)
-	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts/{id}", a.getRollout)
-	a.route(mux, store.RoleViewer, "GET /api/v1/rollouts/{id}/intents", a.rolloutIntents)
-	a.route(mux, store.RoleOperator, "POST /api/v1/rollouts/{id}/{command}", a.rolloutCommand)
-	a.registerPreviews(mux)
-}
-
 // rolloutRequestShape is the body of POST /api/v1/rollouts and of its plan.
 const rolloutRequestShape = `{"config": "<name>", "to_revision": N, "spec": {"waves": [...], "order": "uid|standbys-first", ...}}`
 

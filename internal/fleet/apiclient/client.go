@@ -171,21 +171,18 @@ func p(s string) string { return url.PathEscape(s) }
 
 // Overview is GET /api/v1/overview.
 func (c *Client) Overview(ctx context.Context) (api.Overview, error) {
-	var v api.Overview
-	return v, c.Do(ctx, "GET", "/api/v1/overview", nil, nil, &v)
+	return call[api.Overview](ctx, c, "GET", "/api/v1/overview", nil, nil)
 }
 
 // Cluster is GET /api/v1/cluster.
 func (c *Client) Cluster(ctx context.Context) (api.ClusterInfo, error) {
-	var v api.ClusterInfo
-	return v, c.Do(ctx, "GET", "/api/v1/cluster", nil, nil, &v)
+	return call[api.ClusterInfo](ctx, c, "GET", "/api/v1/cluster", nil, nil)
 }
 
 // Agents is GET /api/v1/agents with the filters in q (status, replica,
 // selector, kind, limit, after).
 func (c *Client) Agents(ctx context.Context, q url.Values) (api.AgentList, error) {
-	var v api.AgentList
-	return v, c.Do(ctx, "GET", "/api/v1/agents", q, nil, &v)
+	return call[api.AgentList](ctx, c, "GET", "/api/v1/agents", q, nil)
 }
 
 // Agent is GET /api/v1/agents/{uid}; the answer as it came (the CLI
@@ -196,50 +193,42 @@ func (c *Client) Agent(ctx context.Context, uid string) ([]byte, error) {
 
 // SetAgentConfig is PUT /api/v1/agents/{uid}/config.
 func (c *Client) SetAgentConfig(ctx context.Context, uid, content string) (api.ConfigAccepted, error) {
-	var v api.ConfigAccepted
-	return v, c.Do(ctx, "PUT", "/api/v1/agents/"+p(uid)+"/config", nil, api.ConfigRequest{Config: content}, &v)
+	return call[api.ConfigAccepted](ctx, c, "PUT", "/api/v1/agents/"+p(uid)+"/config", nil, api.ConfigRequest{Config: content})
 }
 
 // ClearAgentConfig is DELETE /api/v1/agents/{uid}/config.
 func (c *Client) ClearAgentConfig(ctx context.Context, uid string) (api.ConfigAccepted, error) {
-	var v api.ConfigAccepted
-	return v, c.Do(ctx, "DELETE", "/api/v1/agents/"+p(uid)+"/config", nil, nil, &v)
+	return call[api.ConfigAccepted](ctx, c, "DELETE", "/api/v1/agents/"+p(uid)+"/config", nil, nil)
 }
 
 // RestartAgent is POST /api/v1/agents/{uid}/restart.
 func (c *Client) RestartAgent(ctx context.Context, uid string) (api.AgentAccepted, error) {
-	var v api.AgentAccepted
-	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/restart", nil, nil, &v)
+	return call[api.AgentAccepted](ctx, c, "POST", "/api/v1/agents/"+p(uid)+"/restart", nil, nil)
 }
 
 // AgentCredential is GET /api/v1/agents/{uid}/credential.
 func (c *Client) AgentCredential(ctx context.Context, uid string) (store.AgentCredential, error) {
-	var v store.AgentCredential
-	return v, c.Do(ctx, "GET", "/api/v1/agents/"+p(uid)+"/credential", nil, nil, &v)
+	return call[store.AgentCredential](ctx, c, "GET", "/api/v1/agents/"+p(uid)+"/credential", nil, nil)
 }
 
 // RotateCredential is POST /api/v1/agents/{uid}/credential/rotate.
 func (c *Client) RotateCredential(ctx context.Context, uid string) (api.AgentAccepted, error) {
-	var v api.AgentAccepted
-	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/credential/rotate", nil, nil, &v)
+	return call[api.AgentAccepted](ctx, c, "POST", "/api/v1/agents/"+p(uid)+"/credential/rotate", nil, nil)
 }
 
 // AllowReenroll is POST /api/v1/agents/{uid}/credential/allow-reenroll.
 func (c *Client) AllowReenroll(ctx context.Context, uid string) (store.AgentCredential, error) {
-	var v store.AgentCredential
-	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/credential/allow-reenroll", nil, nil, &v)
+	return call[store.AgentCredential](ctx, c, "POST", "/api/v1/agents/"+p(uid)+"/credential/allow-reenroll", nil, nil)
 }
 
 // RevokeAgent is POST /api/v1/agents/{uid}/revoke.
 func (c *Client) RevokeAgent(ctx context.Context, uid string) (store.AgentCredential, error) {
-	var v store.AgentCredential
-	return v, c.Do(ctx, "POST", "/api/v1/agents/"+p(uid)+"/revoke", nil, nil, &v)
+	return call[store.AgentCredential](ctx, c, "POST", "/api/v1/agents/"+p(uid)+"/revoke", nil, nil)
 }
 
 // Assignment is GET /api/v1/agents/{uid}/assignment.
 func (c *Client) Assignment(ctx context.Context, uid string) (store.Assignment, error) {
-	var v store.Assignment
-	return v, c.Do(ctx, "GET", "/api/v1/agents/"+p(uid)+"/assignment", nil, nil, &v)
+	return call[store.Assignment](ctx, c, "GET", "/api/v1/agents/"+p(uid)+"/assignment", nil, nil)
 }
 
 // Tokens is GET /api/v1/tokens (status: "", active or revoked).
@@ -254,44 +243,37 @@ func (c *Client) Tokens(ctx context.Context, status string) (api.TokenList, erro
 
 // CreateToken is POST /api/v1/tokens.
 func (c *Client) CreateToken(ctx context.Context, name string, role store.Role) (api.NewToken, error) {
-	var v api.NewToken
-	return v, c.Do(ctx, "POST", "/api/v1/tokens", nil, api.TokenRequest{Name: name, Role: role}, &v)
+	return call[api.NewToken](ctx, c, "POST", "/api/v1/tokens", nil, api.TokenRequest{Name: name, Role: role})
 }
 
 // RevokeToken is DELETE /api/v1/tokens/{id}.
 func (c *Client) RevokeToken(ctx context.Context, id int64) (api.Revocation, error) {
-	var v api.Revocation
-	return v, c.Do(ctx, "DELETE", "/api/v1/tokens/"+strconv.FormatInt(id, 10), nil, nil, &v)
+	return call[api.Revocation](ctx, c, "DELETE", "/api/v1/tokens/"+strconv.FormatInt(id, 10), nil, nil)
 }
 
 // Configs is GET /api/v1/configs.
 func (c *Client) Configs(ctx context.Context) (api.ConfigList, error) {
-	var v api.ConfigList
-	return v, c.Do(ctx, "GET", "/api/v1/configs", nil, nil, &v)
+	return call[api.ConfigList](ctx, c, "GET", "/api/v1/configs", nil, nil)
 }
 
 // Config is GET /api/v1/configs/{name}.
 func (c *Client) Config(ctx context.Context, name string) (api.ConfigDetail, error) {
-	var v api.ConfigDetail
-	return v, c.Do(ctx, "GET", "/api/v1/configs/"+p(name), nil, nil, &v)
+	return call[api.ConfigDetail](ctx, c, "GET", "/api/v1/configs/"+p(name), nil, nil)
 }
 
 // PutConfig is PUT /api/v1/configs/{name}.
 func (c *Client) PutConfig(ctx context.Context, name string, req api.PutConfigRequest) (api.ConfigDetail, error) {
-	var v api.ConfigDetail
-	return v, c.Do(ctx, "PUT", "/api/v1/configs/"+p(name), nil, req, &v)
+	return call[api.ConfigDetail](ctx, c, "PUT", "/api/v1/configs/"+p(name), nil, req)
 }
 
 // AddRevision is POST /api/v1/configs/{name}/revisions.
 func (c *Client) AddRevision(ctx context.Context, name, content string) (api.RevisionResult, error) {
-	var v api.RevisionResult
-	return v, c.Do(ctx, "POST", "/api/v1/configs/"+p(name)+"/revisions", nil, api.RevisionRequest{Content: content}, &v)
+	return call[api.RevisionResult](ctx, c, "POST", "/api/v1/configs/"+p(name)+"/revisions", nil, api.RevisionRequest{Content: content})
 }
 
 // Revision is GET /api/v1/configs/{name}/revisions/{rev}.
 func (c *Client) Revision(ctx context.Context, name string, rev int) (store.Revision, error) {
-	var v store.Revision
-	return v, c.Do(ctx, "GET", "/api/v1/configs/"+p(name)+"/revisions/"+strconv.Itoa(rev), nil, nil, &v)
+	return call[store.Revision](ctx, c, "GET", "/api/v1/configs/"+p(name)+"/revisions/"+strconv.Itoa(rev), nil, nil)
 }
 
 // Diff is GET /api/v1/configs/{name}/diff?from=&to=.
@@ -303,8 +285,7 @@ func (c *Client) Diff(ctx context.Context, name string, from, to int) (api.DiffR
 
 // GitOps is GET /api/v1/gitops.
 func (c *Client) GitOps(ctx context.Context) (api.GitOpsList, error) {
-	var v api.GitOpsList
-	return v, c.Do(ctx, "GET", "/api/v1/gitops", nil, nil, &v)
+	return call[api.GitOpsList](ctx, c, "GET", "/api/v1/gitops", nil, nil)
 }
 
 // Rollouts is GET /api/v1/rollouts (config: "" for every configuration).
@@ -319,20 +300,17 @@ func (c *Client) Rollouts(ctx context.Context, config string) (api.RolloutList, 
 
 // CreateRollout is POST /api/v1/rollouts.
 func (c *Client) CreateRollout(ctx context.Context, req rollout.Request) (rollout.Rollout, error) {
-	var v rollout.Rollout
-	return v, c.Do(ctx, "POST", "/api/v1/rollouts", nil, req, &v)
+	return call[rollout.Rollout](ctx, c, "POST", "/api/v1/rollouts", nil, req)
 }
 
 // Rollout is GET /api/v1/rollouts/{id}.
 func (c *Client) Rollout(ctx context.Context, id int64) (rollout.Detail, error) {
-	var v rollout.Detail
-	return v, c.Do(ctx, "GET", "/api/v1/rollouts/"+strconv.FormatInt(id, 10), nil, nil, &v)
+	return call[rollout.Detail](ctx, c, "GET", "/api/v1/rollouts/"+strconv.FormatInt(id, 10), nil, nil)
 }
 
 // PlanRollout is POST /api/v1/rollouts/plan: the dry run of CreateRollout.
 func (c *Client) PlanRollout(ctx context.Context, req rollout.Request) (rollout.Plan, error) {
-	var v rollout.Plan
-	return v, c.Do(ctx, "POST", "/api/v1/rollouts/plan", nil, req, &v)
+	return call[rollout.Plan](ctx, c, "POST", "/api/v1/rollouts/plan", nil, req)
 }
 
 // Preview is GET /api/v1/configs/{name}/revisions/{rev}/preview, narrowed
@@ -348,20 +326,17 @@ func (c *Client) Preview(ctx context.Context, name string, rev int, selector str
 
 // RolloutCommand is POST /api/v1/rollouts/{id}/{command}.
 func (c *Client) RolloutCommand(ctx context.Context, id int64, command string) (rollout.Rollout, error) {
-	var v rollout.Rollout
-	return v, c.Do(ctx, "POST", "/api/v1/rollouts/"+strconv.FormatInt(id, 10)+"/"+p(command), nil, nil, &v)
+	return call[rollout.Rollout](ctx, c, "POST", "/api/v1/rollouts/"+strconv.FormatInt(id, 10)+"/"+p(command), nil, nil)
 }
 
 // Packages is GET /api/v1/packages.
 func (c *Client) Packages(ctx context.Context) (api.PackageList, error) {
-	var v api.PackageList
-	return v, c.Do(ctx, "GET", "/api/v1/packages", nil, nil, &v)
+	return call[api.PackageList](ctx, c, "GET", "/api/v1/packages", nil, nil)
 }
 
 // PutPackage is PUT /api/v1/packages/{name}.
 func (c *Client) PutPackage(ctx context.Context, name string, req api.PackageRequest) (releases.Source, error) {
-	var v releases.Source
-	return v, c.Do(ctx, "PUT", "/api/v1/packages/"+p(name), nil, req, &v)
+	return call[releases.Source](ctx, c, "PUT", "/api/v1/packages/"+p(name), nil, req)
 }
 
 // DeletePackage is DELETE /api/v1/packages/{name}.
@@ -382,32 +357,27 @@ func (c *Client) Releases(ctx context.Context, pkg string) (api.ReleaseList, err
 
 // Versions is GET /api/v1/packages/versions.
 func (c *Client) Versions(ctx context.Context) (api.VersionList, error) {
-	var v api.VersionList
-	return v, c.Do(ctx, "GET", "/api/v1/packages/versions", nil, nil, &v)
+	return call[api.VersionList](ctx, c, "GET", "/api/v1/packages/versions", nil, nil)
 }
 
 // Artifacts is GET /api/v1/artifacts.
 func (c *Client) Artifacts(ctx context.Context) (api.ArtifactList, error) {
-	var v api.ArtifactList
-	return v, c.Do(ctx, "GET", "/api/v1/artifacts", nil, nil, &v)
+	return call[api.ArtifactList](ctx, c, "GET", "/api/v1/artifacts", nil, nil)
 }
 
 // Offer is POST /api/v1/packages/{name}/offers.
 func (c *Client) Offer(ctx context.Context, pkg string, req api.OfferRequest) (api.OfferList, error) {
-	var v api.OfferList
-	return v, c.Do(ctx, "POST", "/api/v1/packages/"+p(pkg)+"/offers", nil, req, &v)
+	return call[api.OfferList](ctx, c, "POST", "/api/v1/packages/"+p(pkg)+"/offers", nil, req)
 }
 
 // CreatePackageRollout is POST /api/v1/packages/{name}/rollouts.
 func (c *Client) CreatePackageRollout(ctx context.Context, pkg string, req api.PackageRolloutRequest) (upgrades.Rollout, error) {
-	var v upgrades.Rollout
-	return v, c.Do(ctx, "POST", "/api/v1/packages/"+p(pkg)+"/rollouts", nil, req, &v)
+	return call[upgrades.Rollout](ctx, c, "POST", "/api/v1/packages/"+p(pkg)+"/rollouts", nil, req)
 }
 
 // PackageRollouts is GET /api/v1/package-rollouts.
 func (c *Client) PackageRollouts(ctx context.Context) (api.PackageRolloutList, error) {
-	var v api.PackageRolloutList
-	return v, c.Do(ctx, "GET", "/api/v1/package-rollouts", nil, nil, &v)
+	return call[api.PackageRolloutList](ctx, c, "GET", "/api/v1/package-rollouts", nil, nil)
 }
 
 // PackageRolloutCommand is POST /api/v1/package-rollouts/{id}/{command}.
@@ -418,4 +388,10 @@ func (c *Client) PackageRolloutCommand(ctx context.Context, id int64, command st
 // OpenAPI is GET /api/v1/openapi.json, as it came.
 func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
 	return c.DoRaw(ctx, "GET", "/api/v1/openapi.json", nil, nil)
+}
+
+// call is c.Do answering a T.
+func call[T any](ctx context.Context, c *Client, method, path string, q url.Values, body any) (T, error) {
+	var v T
+	return v, c.Do(ctx, method, path, q, body, &v)
 }

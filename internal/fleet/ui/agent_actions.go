@@ -23,27 +23,41 @@ func (h *handler) mountAgentActions() {
 
 func (h *handler) allowReenroll(w http.ResponseWriter, r *http.Request) {
 	_, err := h.a.AllowReenroll(r.Context(), r.PathValue("uid"))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		http.Error(w, "agent "+r.PathValue("uid")+" has no credential", http.StatusNotFound)
-	case err != nil:
-		h.fail(w, err)
-	default:
-		h.log.Info("agent re-enrollment allowed from the UI", "agent", r.PathValue("uid"), "token", api.TokenName(r.Context()))
-		backToAgent(w, r, "reenroll")
-	}
+	h.agentDone(w, r, err, "agent "+r.PathValue("uid")+" has no credential", "agent re-enrollment allowed from the UI", "reenroll")
 }
 
 func (h *handler) revokeAgent(w http.ResponseWriter, r *http.Request) {
 	_, err := h.a.RevokeAgent(r.Context(), r.PathValue("uid"))
+	h.agentDone(w, r, err, "no agent "+r.PathValue("uid"), "agent revoked from the UI", "revoked")
+}
+
+func (h *handler) restartAgent(w http.ResponseWriter, r *http.Request) {
+	err := h.a.RestartAgent(r.Context(), r.PathValue("uid"))
+	h.agentDone(w, r, err, "no agent "+r.PathValue("uid"), "agent restart requested from the UI", "restart")
+}
+
+func (h *handler) clearConfig(w http.ResponseWriter, r *http.Request) {
+	_, err := h.a.ClearConfig(r.Context(), r.PathValue("uid"))
+	h.agentDone(w, r, err, "no agent "+r.PathValue("uid"), "remote config cleared from the UI", "cleared")
+}
+
+// agentDone answers an agent action the same way for every form: 404
+// (notFound) for an unknown agent, the agent page again with 409 for an
+// agent that cannot take a restart now, the error page for any other
+// error, and otherwise a log line naming the token and a redirect to the
+// agent's page with the notice done.
+func (h *handler) agentDone(w http.ResponseWriter, r *http.Request, err error, notFound, logMsg, done string) {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		http.Error(w, "no agent "+r.PathValue("uid"), http.StatusNotFound)
+		http.Error(w, notFound, http.StatusNotFound)
+	case errors.Is(err, api.ErrCannotRestart):
+		w.WriteHeader(http.StatusConflict)
+		h.agentPage(w, r, err.Error())
 	case err != nil:
 		h.fail(w, err)
 	default:
-		h.log.Info("agent revoked from the UI", "agent", r.PathValue("uid"), "token", api.TokenName(r.Context()))
-		backToAgent(w, r, "revoked")
+		h.log.Info(logMsg, "agent", r.PathValue("uid"), "token", api.TokenName(r.Context()))
+		backToAgent(w, r, done)
 	}
 }
 
@@ -59,35 +73,6 @@ var notices = map[string]string{
 // backToAgent redirects to the agent's page with a notice.
 func backToAgent(w http.ResponseWriter, r *http.Request, done string) {
 	http.Redirect(w, r, "/ui/agents/"+url.PathEscape(r.PathValue("uid"))+"?done="+done, http.StatusSeeOther)
-}
-
-func (h *handler) restartAgent(w http.ResponseWriter, r *http.Request) {
-	err := h.a.RestartAgent(r.Context(), r.PathValue("uid"))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		http.Error(w, "no agent "+r.PathValue("uid"), http.StatusNotFound)
-	case errors.Is(err, api.ErrCannotRestart):
-		w.WriteHeader(http.StatusConflict)
-		h.agentPage(w, r, err.Error())
-	case err != nil:
-		h.fail(w, err)
-	default:
-		h.log.Info("agent restart requested from the UI", "agent", r.PathValue("uid"))
-		backToAgent(w, r, "restart")
-	}
-}
-
-func (h *handler) clearConfig(w http.ResponseWriter, r *http.Request) {
-	_, err := h.a.ClearConfig(r.Context(), r.PathValue("uid"))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		http.Error(w, "no agent "+r.PathValue("uid"), http.StatusNotFound)
-	case err != nil:
-		h.fail(w, err)
-	default:
-		h.log.Info("remote config cleared from the UI", "agent", r.PathValue("uid"))
-		backToAgent(w, r, "cleared")
-	}
 }
 
 // component is one node of an agent's component health, for the
