@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/apiclient"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
@@ -52,40 +53,23 @@ func init() {
 				}, err
 			}},
 		apiCmd{group: "agent", name: "clear-config", args: uid, summary: "clear the desired configuration: the agent is sent an empty one (DELETE /api/v1/agents/{uid}/config)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				a, err := c.ClearAgentConfig(ctx, x.arg(0))
-				return a, func(w io.Writer) { fmt.Fprintf(w, "agent %s: %s\n", a.InstanceUID, a.Status) }, err
-			}},
+			run: onAgent((*apiclient.Client).ClearAgentConfig, func(w io.Writer, a api.ConfigAccepted) { fmt.Fprintf(w, "agent %s: %s\n", a.InstanceUID, a.Status) })},
 		apiCmd{group: "agent", name: "restart", args: uid, summary: "send the OpAMP restart command; the agent must accept it and be online (POST /api/v1/agents/{uid}/restart)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				a, err := c.RestartAgent(ctx, x.arg(0))
-				return a, func(w io.Writer) { fmt.Fprintf(w, "agent %s: restart %s\n", a.InstanceUID, a.Status) }, err
-			}},
+			run: onAgent((*apiclient.Client).RestartAgent, func(w io.Writer, a api.AgentAccepted) {
+				fmt.Fprintf(w, "agent %s: restart %s\n", a.InstanceUID, a.Status)
+			})},
 		apiCmd{group: "agent", name: "credential", args: uid, summary: "the agent's own credential, never its secret (admin; GET /api/v1/agents/{uid}/credential)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				cr, err := c.AgentCredential(ctx, x.arg(0))
-				return cr, func(w io.Writer) { printCredential(w, cr) }, err
-			}},
+			run: onAgent((*apiclient.Client).AgentCredential, printCredential)},
 		apiCmd{group: "agent", name: "rotate-credential", args: uid, summary: "send the agent a new credential; the old one stops working (admin; POST /api/v1/agents/{uid}/credential/rotate)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				a, err := c.RotateCredential(ctx, x.arg(0))
-				return a, func(w io.Writer) { fmt.Fprintf(w, "agent %s: rotation %s\n", a.InstanceUID, a.Status) }, err
-			}},
+			run: onAgent((*apiclient.Client).RotateCredential, func(w io.Writer, a api.AgentAccepted) {
+				fmt.Fprintf(w, "agent %s: rotation %s\n", a.InstanceUID, a.Status)
+			})},
 		apiCmd{group: "agent", name: "allow-reenroll", args: uid, summary: "let the agent enroll once more with the enrollment secret (admin; POST /api/v1/agents/{uid}/credential/allow-reenroll)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				cr, err := c.AllowReenroll(ctx, x.arg(0))
-				return cr, func(w io.Writer) { printCredential(w, cr) }, err
-			}},
+			run: onAgent((*apiclient.Client).AllowReenroll, printCredential)},
 		apiCmd{group: "agent", name: "revoke", args: uid, summary: "disconnect the agent on every replica; it can neither connect nor enroll again until allow-reenroll (admin; POST /api/v1/agents/{uid}/revoke)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				cr, err := c.RevokeAgent(ctx, x.arg(0))
-				return cr, func(w io.Writer) { printCredential(w, cr) }, err
-			}},
+			run: onAgent((*apiclient.Client).RevokeAgent, printCredential)},
 		apiCmd{group: "agent", name: "assignment", args: uid, summary: "the configuration assigned to the agent (GET /api/v1/agents/{uid}/assignment)",
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				a, err := c.Assignment(ctx, x.arg(0))
-				return a, nil, err
-			}},
+			run: onAgent((*apiclient.Client).Assignment, nil)},
 	)
 	registerGroup("agent", "agents through the REST API: agent list | show | set-config | clear-config | restart | credential | rotate-credential | allow-reenroll | revoke | assignment", "", nil)
 }
@@ -225,5 +209,17 @@ func (h *healthNode) print(w io.Writer, indent string) {
 		}
 		fmt.Fprintln(w, line)
 		c.print(w, indent+"  ")
+	}
+}
+
+// onAgent is the run of a command that makes one call on the agent named
+// by its argument and shows the answer with show (nil: as YAML).
+func onAgent[T any](call func(*apiclient.Client, context.Context, string) (T, error), show func(io.Writer, T)) func(context.Context, *apiclient.Client, *apiCall) (any, func(io.Writer), error) {
+	return func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
+		v, err := call(c, ctx, x.arg(0))
+		if show == nil {
+			return v, nil, err
+		}
+		return v, func(w io.Writer) { show(w, v) }, err
 	}
 }

@@ -95,8 +95,8 @@ func init() {
 		apiCmd{group: "rollout", name: "create", args: name, summary: "roll configuration NAME out in waves (POST /api/v1/rollouts)",
 			flags: withSpecFlags(map[string]string{"to": "revision to roll out (default: the newest)"}),
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				req := rollout.Request{Config: x.arg(0), ToRevision: x.integer("to", 0), Spec: x.spec()}
-				if err := x.refused(); err != nil {
+				req, err := x.rolloutRequest()
+				if err != nil {
 					return nil, nil, err
 				}
 				ro, err := c.CreateRollout(ctx, req)
@@ -107,8 +107,8 @@ func init() {
 		apiCmd{group: "rollout", name: "plan", args: name, summary: "dry run of rollout create: the waves with their agents, the agents skipped and why; nothing is stored (POST /api/v1/rollouts/plan)",
 			flags: withSpecFlags(map[string]string{"to": "revision to roll out (default: the newest)"}),
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				req := rollout.Request{Config: x.arg(0), ToRevision: x.integer("to", 0), Spec: x.spec()}
-				if err := x.refused(); err != nil {
+				req, err := x.rolloutRequest()
+				if err != nil {
 					return nil, nil, err
 				}
 				pl, err := c.PlanRollout(ctx, req)
@@ -166,6 +166,13 @@ func withSpecFlags(m map[string]string) map[string]string {
 		m[k] = v
 	}
 	return m
+}
+
+// rolloutRequest is the rollout of configuration x.arg(0) that --to and
+// the spec flags describe (rollout create and rollout plan).
+func (x *apiCall) rolloutRequest() (rollout.Request, error) {
+	req := rollout.Request{Config: x.arg(0), ToRevision: x.integer("to", 0), Spec: x.spec()}
+	return req, x.refused()
 }
 
 // spec is the rollout spec of the flags; absent flags take the defaults.

@@ -45,8 +45,7 @@ func (a *API) restartAgent(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err.Error())
 	default:
 		a.o.Log.Info("agent restart requested", "agent", uid, "token", TokenName(r.Context()))
-		writeJSON(w, http.StatusAccepted, map[string]string{"instance_uid": uid,
-			"status": "requested; sent to the agent by the replica it is connected to"})
+		writeJSON(w, http.StatusAccepted, AgentAccepted{InstanceUID: uid, Status: "requested; sent to the agent by the replica it is connected to"})
 	}
 }
 

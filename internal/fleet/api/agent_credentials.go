@@ -41,8 +41,7 @@ func (a *API) rotateCredential(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err.Error())
 	default:
 		a.o.Log.Info("agent credential rotation requested", "agent", uid, "token", TokenName(r.Context()))
-		writeJSON(w, http.StatusAccepted, map[string]string{"instance_uid": uid,
-			"status": "requested; the replica the agent is connected to sends it a new credential"})
+		writeJSON(w, http.StatusAccepted, AgentAccepted{InstanceUID: uid, Status: "requested; the replica the agent is connected to sends it a new credential"})
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
@@ -234,9 +235,10 @@ func TestRolloutLifecycle(t *testing.T) {
 	if c := e.call("PUT", "/api/v1/configs/edge", map[string]any{"type": "yaml", "selector": "role"}, nil); c != 400 {
 		t.Errorf("bad selector: %d", c)
 	}
-	var er map[string]string
-	if c := e.call("POST", "/api/v1/configs/edge/revisions", map[string]any{"content": "a: [1"}, &er); c != 422 || !strings.Contains(er["error"], "not well-formed YAML") {
-		t.Errorf("bad YAML: %d %v", c, er)
+	var er api.ErrorBody
+	if c := e.call("POST", "/api/v1/configs/edge/revisions", map[string]any{"content": "a: [1"}, &er); c != 422 || !strings.Contains(er.Error, "not well-formed YAML") ||
+		len(er.Problems) != 1 || er.Problems[0].Line != 1 {
+		t.Errorf("bad YAML: %d %+v (want 422, the error and its problem on line 1)", c, er)
 	}
 	var rr struct {
 		Revision store.Revision
@@ -249,7 +251,7 @@ func TestRolloutLifecycle(t *testing.T) {
 		t.Errorf("unchanged content made a revision: %d %+v", c, rr)
 	}
 	if c := e.call("PUT", "/api/v1/configs/edge", map[string]any{"type": "myriarch-bridge", "selector": "role=edge"}, &er); c != 400 ||
-		!strings.Contains(er["error"], "the type of a configuration with revisions cannot change") {
+		!strings.Contains(er.Error, "the type of a configuration with revisions cannot change") {
 		t.Errorf("type change: %d %v", c, er)
 	}
 

@@ -170,18 +170,9 @@ func ConfigReports(ctx context.Context, q Querier, uids []string) (map[string]Co
 	rows, err := q.Query(ctx, `SELECT instance_uid, status = 'online', healthy, coalesce(health->>'last_error', ''),
 			remote_config_status, remote_config_hash, remote_config_error
 		FROM agents WHERE instance_uid = ANY($1)`, uids)
-	if err != nil {
-		return nil, err
-	}
-	m := map[string]ConfigReport{}
-	var uid string
-	var r ConfigReport
-	_, err = pgx.ForEachRow(rows, []any{&uid, &r.Online, &r.Healthy, &r.LastError, &r.ConfigStatus, &r.ConfigHash, &r.ConfigError}, func() error {
-		m[uid] = r
-		r.Healthy = nil
-		return nil
+	return byUID(rows, err, func(r *ConfigReport) []any {
+		return []any{&r.Online, &r.Healthy, &r.LastError, &r.ConfigStatus, &r.ConfigHash, &r.ConfigError}
 	})
-	return m, err
 }
 
 // PackageReport is what an agent last reported about one package, and
@@ -200,18 +191,9 @@ func PackageReports(ctx context.Context, q Querier, uids []string, pkg string) (
 			coalesce(package_statuses->'packages'->$2->>'agent_has_version', ''), coalesce(package_statuses->'packages'->$2->>'agent_has_hash', ''),
 			coalesce(package_statuses->'packages'->$2->>'status', ''), coalesce(package_statuses->'packages'->$2->>'error', '')
 		FROM agents WHERE instance_uid = ANY($1)`, uids, pkg)
-	if err != nil {
-		return nil, err
-	}
-	m := map[string]PackageReport{}
-	var uid string
-	var r PackageReport
-	_, err = pgx.ForEachRow(rows, []any{&uid, &r.Online, &r.Healthy, &r.HasVersion, &r.HasHash, &r.Status, &r.Error}, func() error {
-		m[uid] = r
-		r.Healthy = nil
-		return nil
+	return byUID(rows, err, func(r *PackageReport) []any {
+		return []any{&r.Online, &r.Healthy, &r.HasVersion, &r.HasHash, &r.Status, &r.Error}
 	})
-	return m, err
 }
 
 // PackageStatuses is an agent's stored OpAMP package statuses: each
@@ -228,18 +210,7 @@ func AgentPackageStatuses(ctx context.Context, q Querier, uids []string) (map[st
 	rows, err := q.Query(ctx, `SELECT instance_uid, coalesce(package_statuses->'packages', '{}'),
 			coalesce(package_statuses->>'server_provided_all_packages_hash', '')
 		FROM agents WHERE instance_uid = ANY($1)`, uids)
-	if err != nil {
-		return nil, err
-	}
-	m := map[string]PackageStatuses{}
-	var uid string
-	var p PackageStatuses
-	_, err = pgx.ForEachRow(rows, []any{&uid, &p.Packages, &p.AllPackagesHash}, func() error {
-		m[uid] = p
-		p.Packages = nil
-		return nil
-	})
-	return m, err
+	return byUID(rows, err, func(p *PackageStatuses) []any { return []any{&p.Packages, &p.AllPackagesHash} })
 }
 
 // PackageAgent is an agent that accepts packages, with the version of a

@@ -470,17 +470,26 @@ type Desired struct {
 func (s *Store) DesiredConfigs(ctx context.Context, uids []string) (map[string]Desired, error) {
 	rows, err := s.Pool.Query(ctx, `SELECT instance_uid, desired_config, desired_config_hash FROM agents
 		WHERE instance_uid = ANY($1) AND desired_config_hash <> ''`, uids)
+	return byUID(rows, err, func(d *Desired) []any { return []any{&d.Body, &d.Hash} })
+}
+
+// byUID reads rows of (instance_uid, the fields of a T) into a map by uid
+// (err: the query's). Each row is scanned into a fresh T, so that nothing
+// a row scanned into a pointer or a map is shared with the next.
+func byUID[T any](rows pgx.Rows, err error, fields func(*T) []any) (map[string]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]Desired{}
+	m := map[string]T{}
 	var uid string
-	var d Desired
-	_, err = pgx.ForEachRow(rows, []any{&uid, &d.Body, &d.Hash}, func() error {
-		out[uid] = d
+	var r T
+	_, err = pgx.ForEachRow(rows, append([]any{&uid}, fields(&r)...), func() error {
+		m[uid] = r
+		var zero T
+		r = zero
 		return nil
 	})
-	return out, err
+	return m, err
 }
 
 // TokenPrefix starts every API token.

@@ -91,12 +91,7 @@ func (h *handler) planRollout(w http.ResponseWriter, r *http.Request) {
 func (h *handler) renderConfig(w http.ResponseWriter, r *http.Request, name, formErr string, plan *rollout.Plan) {
 	ctx := r.Context()
 	cd, err := h.a.ConfigDetail(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
-		http.Error(w, "no configuration "+name, http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		h.fail(w, err)
+	if h.failed(w, err, "configuration "+name) {
 		return
 	}
 	d := configData{ConfigDetail: cd, Selector: configs.FormatSelector(cd.Config.Selector), Error: formErr,
@@ -238,12 +233,7 @@ func (h *handler) rollout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := h.a.Rollouts().Detail(r.Context(), id, 1000)
-	if errors.Is(err, store.ErrNotFound) {
-		http.Error(w, "no rollout "+r.PathValue("id"), http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		h.fail(w, err)
+	if h.failed(w, err, "rollout "+r.PathValue("id")) {
 		return
 	}
 	rd := rolloutData{Detail: d, CanPause: d.State == rollout.StateRunning || d.State == rollout.StatePending,

@@ -141,6 +141,19 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 	http.Error(w, "myriarchd: "+err.Error(), http.StatusInternalServerError)
 }
 
+// failed answers the error of reading what ("agent X"): 404 "no "+what
+// for an unknown one, the error page otherwise; it tells whether err was
+// one.
+func (h *handler) failed(w http.ResponseWriter, err error, what string) bool {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		http.Error(w, "no "+what, http.StatusNotFound)
+	case err != nil:
+		h.fail(w, err)
+	}
+	return err != nil
+}
+
 func (h *handler) auth(role store.Role, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c, err := r.Cookie(CookieName)
@@ -271,12 +284,7 @@ func (h *handler) agent(w http.ResponseWriter, r *http.Request) { h.agentPage(w,
 // agentPage renders the agent page, with the error of a refused action.
 func (h *handler) agentPage(w http.ResponseWriter, r *http.Request, actionErr string) {
 	d, err := h.a.AgentDetail(r.Context(), r.PathValue("uid"))
-	if errors.Is(err, store.ErrNotFound) {
-		http.Error(w, "no agent "+r.PathValue("uid"), http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		h.fail(w, err)
+	if h.failed(w, err, "agent "+r.PathValue("uid")) {
 		return
 	}
 	title := "Agent " + d.Agent.InstanceUID
