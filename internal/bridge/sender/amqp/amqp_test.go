@@ -188,7 +188,9 @@ func TestBrokerRestartLosesNothingAccepted(t *testing.T) {
 }
 
 func restartStream(t *testing.T, mode string) {
-	const total, inFlight = 4000, 256
+	// Paced at about 1,000 msg/s, so that the stream outlasts a graceful
+	// stop (the node drains before it closes the connection).
+	const total, inFlight = 8000, 256
 	node := amqptest.Start(t)
 	topology(t, node.URL(), "mqtt", "stream", "s.#")
 	s := amqpsender.New(amqpsender.Config{URL: node.URL(), Exchange: "mqtt", Mandatory: true, Timeout: 10 * time.Second})
@@ -232,6 +234,7 @@ func restartStream(t *testing.T, mode string) {
 	}
 	go func() {
 		for id := range total {
+			time.Sleep(time.Millisecond)
 			slots <- struct{}{}
 			wg.Add(1)
 			send(id)
@@ -280,6 +283,9 @@ func restartStream(t *testing.T, mode string) {
 	mu.Unlock()
 	t.Logf("restart (%s) after %d accepted (%d when the node was down): %d messages, %d publish attempts, %d accepted, %d attempts not accepted (retried), %d in the queue (%d duplicates), %d accepted and lost",
 		mode, atRestart, afterDown, total, attempts.Load(), nAccepted.Load(), failures.Load(), len(got), dups, lost)
+	if afterDown >= total || failures.Load() == 0 {
+		t.Fatalf("the restart did not hit the stream (%d accepted when the node was down, %d failures)", afterDown, failures.Load())
+	}
 	if lost > 0 {
 		t.Fatalf("%d accepted messages are not in the queue", lost)
 	}
