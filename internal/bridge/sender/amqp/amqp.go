@@ -1,7 +1,7 @@
 // Package amqp is the bridge's AMQP 0.9.1 sender (RabbitMQ), on
 // rabbitmq/amqp091-go. It publishes every message persistent (delivery
 // mode 2) to one exchange, with a routing key rendered from the MQTT topic
-// (see Template), on one channel in publisher-confirm mode, and counts a
+// (see package routingkey), on one channel in publisher-confirm mode, and counts a
 // message accepted when the broker confirmed it (basic.ack). A nack, a
 // mandatory message the broker returned as unroutable, a confirm that does
 // not come within the timeout, and a channel or connection that closes
@@ -40,6 +40,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/routingkey"
 )
 
 // Config configures the sender.
@@ -54,9 +55,9 @@ type Config struct {
 	// Exchange is the exchange published to; "" is the default exchange,
 	// which routes by queue name.
 	Exchange string
-	// RoutingKey renders each message's routing key (DefaultTemplate when
+	// RoutingKey renders each message's routing key (routingkey.Default when
 	// zero).
-	RoutingKey Template
+	RoutingKey routingkey.Template
 	// Mandatory asks the broker to return a message no queue takes; a
 	// returned message is not accepted.
 	Mandatory bool
@@ -115,8 +116,8 @@ func New(cfg Config) *Sender {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	if cfg.RoutingKey.parts == nil {
-		cfg.RoutingKey = MustParseTemplate(DefaultTemplate)
+	if cfg.RoutingKey.IsZero() {
+		cfg.RoutingKey = routingkey.MustParse(routingkey.Default)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -358,8 +359,8 @@ func (s *Sender) session() (connected bool, err error) {
 func (s *Sender) publish(ch *amqpgo.Channel, nonce string, it item) (*pending, error) {
 	m := it.m
 	key := s.cfg.RoutingKey.Key(m.Topic)
-	if len(key) > MaxRoutingKey {
-		return nil, sender.Permanent(fmt.Errorf("amqp: routing key %q is %d bytes long, above AMQP's %d", truncate(key), len(key), MaxRoutingKey))
+	if len(key) > routingkey.Max {
+		return nil, sender.Permanent(fmt.Errorf("amqp: routing key %q is %d bytes long, above AMQP's %d", truncate(key), len(key), routingkey.Max))
 	}
 	h := amqpgo.Table{"mqtt_topic": m.SourceTopic}
 	if !m.Received.IsZero() {

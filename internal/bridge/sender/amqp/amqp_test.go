@@ -18,6 +18,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	amqpsender "github.com/myriarch/myriarch/internal/bridge/sender/amqp"
 	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/amqptest"
+	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/routingkey"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
 )
 
@@ -149,7 +150,7 @@ func TestUnroutableAndMissingAreNotAccepted(t *testing.T) {
 	closeSender(t, s)
 
 	// The default exchange routes by queue name: a fixed key.
-	s = amqpsender.New(amqpsender.Config{URL: node.URL(), RoutingKey: amqpsender.MustParseTemplate("only-a"), Mandatory: true})
+	s = amqpsender.New(amqpsender.Config{URL: node.URL(), RoutingKey: routingkey.MustParse("only-a"), Mandatory: true})
 	if err := sendertest.Result(t, sendertest.Send(s, &sender.Message{Topic: "z", SourceTopic: "z", Payload: []byte("direct")})); err != nil {
 		t.Fatalf("default exchange: %v", err)
 	}

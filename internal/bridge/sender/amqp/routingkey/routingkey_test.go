@@ -1,4 +1,4 @@
-package amqp
+package routingkey
 
 import (
 	"strings"
@@ -15,7 +15,7 @@ func TestTemplate(t *testing.T) {
 		{"", "a/b", ""},
 		{"x.{topic}.{topic_raw}", "a/b", "x.a.b.a/b"},
 	} {
-		tp, err := ParseTemplate(c.tmpl)
+		tp, err := Parse(c.tmpl)
 		if err != nil {
 			t.Fatalf("%q: %v", c.tmpl, err)
 		}
@@ -30,7 +30,7 @@ func TestTemplate(t *testing.T) {
 		{"{{topic}}", "without its '}'"},
 		{strings.Repeat("k", 256), "above AMQP's 255"},
 	} {
-		_, err := ParseTemplate(c.tmpl)
+		_, err := Parse(c.tmpl)
 		if err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%q: %v, want an error saying %q", c.tmpl, err, c.says)
 		}
@@ -45,7 +45,7 @@ func FuzzTemplate(f *testing.F) {
 		f.Add(s, "a/b/c")
 	}
 	f.Fuzz(func(t *testing.T, tmpl, topic string) {
-		tp, err := ParseTemplate(tmpl)
+		tp, err := Parse(tmpl)
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("empty error")

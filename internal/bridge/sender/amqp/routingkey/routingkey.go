@@ -1,13 +1,16 @@
-package amqp
+// Package routingkey renders the AMQP sender's routing keys from MQTT topics.
+// It is a leaf of its own so that the configuration can check a template
+// without linking the AMQP client.
+package routingkey
 
 import (
 	"fmt"
 	"strings"
 )
 
-// MaxRoutingKey is the longest routing key AMQP 0.9.1 carries (a short
+// Max is the longest routing key AMQP 0.9.1 carries (a short
 // string).
-const MaxRoutingKey = 255
+const Max = 255
 
 // Template is a parsed routing key template: literal text and the
 // placeholders {topic} (the MQTT topic with every '/' turned into '.', the
@@ -16,7 +19,11 @@ const MaxRoutingKey = 255
 // on the default exchange).
 type Template struct {
 	parts []part
+	set   bool // parsed (the zero Template is unset)
 }
+
+// IsZero reports whether t was never parsed.
+func (t Template) IsZero() bool { return !t.set }
 
 type part struct {
 	lit string
@@ -27,13 +34,13 @@ type part struct {
 // Placeholders are the names a template may use, in the docs' order.
 var Placeholders = []string{"topic", "topic_raw"}
 
-// DefaultTemplate is the routing key template when none is configured.
-const DefaultTemplate = "{topic}"
+// Default is the routing key template when none is configured.
+const Default = "{topic}"
 
-// ParseTemplate parses s. Braces only open and close a placeholder; a
+// Parse parses s. Braces only open and close a placeholder; a
 // literal brace cannot be written (AMQP routing keys rarely need one).
-func ParseTemplate(s string) (Template, error) {
-	var t Template
+func Parse(s string) (Template, error) {
+	t := Template{set: true}
 	rest := s
 	for rest != "" {
 		i := strings.IndexAny(rest, "{}")
@@ -66,15 +73,15 @@ func ParseTemplate(s string) (Template, error) {
 		// The empty key: valid (fanout exchanges ignore it).
 		return t, nil
 	}
-	if fixed, ok := t.fixed(); ok && len(fixed) > MaxRoutingKey {
-		return Template{}, fmt.Errorf("is %d bytes long, above AMQP's %d", len(fixed), MaxRoutingKey)
+	if fixed, ok := t.fixed(); ok && len(fixed) > Max {
+		return Template{}, fmt.Errorf("is %d bytes long, above AMQP's %d", len(fixed), Max)
 	}
 	return t, nil
 }
 
-// MustParseTemplate is ParseTemplate for a template known to be valid.
-func MustParseTemplate(s string) Template {
-	t, err := ParseTemplate(s)
+// MustParse is Parse for a template known to be valid.
+func MustParse(s string) Template {
+	t, err := Parse(s)
 	if err != nil {
 		panic("amqp routing key template " + s + ": " + err.Error())
 	}
