@@ -131,11 +131,11 @@ var senderTable = Table{Name: "senders[]", Rows: []Row{
 	{Key: senderSQS, Kind: Object, Table: &sqsSenderTable, Meaning: "type sqs only, see `sqs:`"},
 }}
 
-// timeoutRow is the timeout of one delivery, common to four sender types.
+// timeoutRow is the timeout of one delivery, common to six sender types.
 func timeoutRow[D any](r Rule, field func(*D) *time.Duration) Row {
 	r.Positive = true
 	return Row{Key: "timeout", Kind: Duration, To: to(field), Default: godur.Format(DefaultSenderTimeout), Rule: r,
-		Meaning: "bounds one delivery: a POST, a flush round trip, a PUBACK wait, a Kafka record including the client's own retries"}
+		Meaning: "bounds one delivery: a POST, a flush round trip, a PUBACK wait, a Kafka record including the client's own retries, an AMQP publisher confirm (and the connect), an SQS call including the SDK's retries"}
 }
 
 var mqttSenderTable = Table{Name: "mqtt", SenderType: senderMQTT, Rows: []Row{
