@@ -17,8 +17,8 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
-	sqssender "github.com/myriarch/myriarch/internal/bridge/sender/sqs"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sendertest"
+	sqssender "github.com/myriarch/myriarch/internal/bridge/sender/sqs"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sqs/sqstest"
 )
 
