@@ -95,6 +95,7 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./internal/disclose -run '^$$' -fuzz FuzzBridgeBudgetFlags -fuzztime $(FUZZTIME)
 	$(GO) test ./failover -run '^$$' -fuzz FuzzParseBrokerHealthStepDown -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/bridge/sender/amqp/routingkey -run '^$$' -fuzz FuzzTemplate -fuzztime $(FUZZTIME)
 
 # Container images of both daemons without a Docker daemon: static binaries
 # on an empty base, non-root, OCI labels; docker-archive tarballs in dist/

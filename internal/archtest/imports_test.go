@@ -48,6 +48,8 @@ var labMachinery = []string{
 	module + "/internal/bridge/embroker",
 	module + "/internal/bridge/bench",
 	module + "/internal/bridge/sender/sendertest",
+	module + "/internal/bridge/sender/amqp/amqptest",
+	module + "/internal/bridge/sender/sqs/sqstest",
 	module + "/internal/fleet/fleettest",
 	module + "/lease/leasetest",
 	module + "/lease/internal/leasesim",

@@ -68,6 +68,7 @@ const (
 	senderMQTT, senderHTTP  = "mqtt", "http"
 	senderNATS, senderKafka = "nats", "kafka"
 	senderFile              = "file"
+	senderAMQP, senderSQS   = "amqp", "sqs"
 )
 
 // BridgeSettings is the process-wide block.
@@ -166,6 +167,8 @@ type SenderSettings struct {
 	NATS  *NATSSenderSettings
 	Kafka *KafkaSenderSettings
 	File  *FileSenderSettings
+	AMQP  *AMQPSenderSettings
+	SQS   *SQSSenderSettings
 }
 
 // MQTTSenderSettings publishes to another broker.
@@ -202,6 +205,29 @@ type KafkaSenderSettings struct {
 	Brokers []string
 	Topic   string
 	Timeout time.Duration
+}
+
+// AMQPSenderSettings publishes to an AMQP 0.9.1 broker.
+type AMQPSenderSettings struct {
+	URL        string
+	Username   string
+	Password   Secret
+	TLS        *TLSSettings
+	Exchange   string
+	RoutingKey string // a valid routingkey template
+	Mandatory  bool
+	Timeout    time.Duration
+}
+
+// SQSSenderSettings sends to an SQS queue.
+type SQSSenderSettings struct {
+	QueueURL        string
+	Region          string
+	Endpoint        string
+	AccessKeyID     string
+	SecretAccessKey Secret
+	BodyEncoding    string
+	Timeout         time.Duration
 }
 
 // FileSenderSettings appends JSON lines.

@@ -24,6 +24,8 @@ var Reference = []struct {
 	{"sender-nats", &natsSenderTable},
 	{"sender-kafka", &kafkaSenderTable},
 	{"sender-file", &fileSenderTable},
+	{"sender-amqp", &amqpSenderTable},
+	{"sender-sqs", &sqsSenderTable},
 	{"routes", &routeTable},
 	{"mappings", &mappingTable},
 	{"opamp", &opampTable},

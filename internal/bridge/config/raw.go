@@ -130,6 +130,8 @@ type Sender struct {
 	NATS  *NATSSender `yaml:"nats"`
 	Kafka *KafkaSend  `yaml:"kafka"`
 	File  *FileSender `yaml:"file"`
+	AMQP  *AMQPSender `yaml:"amqp"`
+	SQS   *SQSSender  `yaml:"sqs"`
 }
 
 // Retry is a sender's retry policy before dead-lettering.
@@ -175,6 +177,32 @@ type KafkaSend struct {
 	Brokers []string `yaml:"brokers"`
 	Topic   string   `yaml:"topic"`
 	Timeout string   `yaml:"timeout"`
+}
+
+// AMQPSender publishes to an AMQP 0.9.1 broker (RabbitMQ).
+type AMQPSender struct {
+	URL          string `yaml:"url"`
+	Username     string `yaml:"username"`
+	PasswordFile string `yaml:"password_file"`
+	PasswordEnv  string `yaml:"password_env"`
+	TLS          *TLS   `yaml:"tls"`
+	Exchange     string `yaml:"exchange"`
+	// RoutingKey is a pointer: an empty key is a value of its own.
+	RoutingKey *string `yaml:"routing_key"`
+	Mandatory  *bool   `yaml:"mandatory"`
+	Timeout    string  `yaml:"timeout"`
+}
+
+// SQSSender sends to an Amazon SQS queue.
+type SQSSender struct {
+	QueueURL            string `yaml:"queue_url"`
+	Region              string `yaml:"region"`
+	Endpoint            string `yaml:"endpoint"`
+	AccessKeyID         string `yaml:"access_key_id"`
+	SecretAccessKeyFile string `yaml:"secret_access_key_file"`
+	SecretAccessKeyEnv  string `yaml:"secret_access_key_env"`
+	BodyEncoding        string `yaml:"body_encoding"`
+	Timeout             string `yaml:"timeout"`
 }
 
 // FileSender appends JSON lines.

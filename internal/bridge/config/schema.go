@@ -28,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/routingkey"
 	"github.com/myriarch/myriarch/internal/godur"
 )
 
@@ -134,6 +135,18 @@ var formats = map[string]format{
 	"nats-url": {"a `nats://` or `tls://` URL", func(s string) string {
 		if u, err := url.Parse(s); err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
 			return "must be a nats:// or tls:// URL"
+		}
+		return ""
+	}},
+	"amqp-url": {"an `amqp://` or `amqps://` URL", func(s string) string {
+		if u, err := url.Parse(s); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+			return "must be an amqp:// or amqps:// URL"
+		}
+		return ""
+	}},
+	"routing-key": {"a routing key template (`{topic}`, `{topic_raw}` and literal text)", func(s string) string {
+		if _, err := routingkey.Parse(s); err != nil {
+			return "must be a routing key template: it " + err.Error()
 		}
 		return ""
 	}},

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The tables and the raw types of raw.go name the same keys with
@@ -82,7 +83,7 @@ func TestSenderFieldOfAnotherType(t *testing.T) {
 		{"its own field beside its block", `{id: out, type: kafka, topic: t, kafka: {brokers: ["h:1"], topic: t}}`,
 			`senders[1].topic: sender "out" (type kafka): field "topic" belongs in its kafka block`},
 		{"shared by several types", `{id: out, type: file, file: {path: /tmp/x, timeout: 1s}}`,
-			`senders[1].file.timeout: sender "out" (type file): field "timeout" belongs to type mqtt, http, nats or kafka`},
+			`senders[1].file.timeout: sender "out" (type file): field "timeout" belongs to type mqtt, http, nats, kafka, amqp or sqs`},
 		{"truly unknown", `{id: out, type: file, file: {path: /tmp/x, colour: red}}`,
 			`senders[1].file.colour: unknown key; senders[1].file accepts path`},
 	} {
@@ -177,5 +178,55 @@ func TestExclusiveOnlyRows(t *testing.T) {
 		"lease_ttl", "max_renew_fails", "peak_message_rate", "renew_call_timeout", "renew_interval", "startup_allowance", "step_down_grace"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("exclusive-only route keys %v, want %v", keys, want)
+	}
+}
+
+// The amqp and sqs blocks: their defaults, their secrets, and problems
+// that name the key, the value and the rule.
+func TestAMQPAndSQSSenderSettings(t *testing.T) {
+	t.Setenv("TEST_AMQP_PW", "pw")
+	t.Setenv("TEST_SQS_SECRET", "sk")
+	y := edit(t, "    file: {path: /tmp/archive.jsonl}\n", `    file: {path: /tmp/archive.jsonl}
+  - {id: a, type: amqp, amqp: {url: "amqp://h:5672/v", username: u, password_env: TEST_AMQP_PW, exchange: x}}
+  - {id: a2, type: amqp, amqp: {url: "amqp://h:5672/", routing_key: "", mandatory: false, timeout: 3s}}
+  - {id: q, type: sqs, sqs: {queue_url: "https://sqs.eu-west-1.amazonaws.com/1/b.fifo", region: eu-west-1, access_key_id: AK, secret_access_key_env: TEST_SQS_SECRET}}
+  - {id: q2, type: sqs, sqs: {queue_url: "http://127.0.0.1:1/1/q", region: us-east-1, endpoint: "http://127.0.0.1:1", body_encoding: base64}}
+`)
+	cfg, err := Parse("good.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, a2, q, q2 := cfg.Sender("a").AMQP, cfg.Sender("a2").AMQP, cfg.Sender("q").SQS, cfg.Sender("q2").SQS
+	if a == nil || a.Password.Reveal() != "pw" || a.RoutingKey != "{topic}" || !a.Mandatory || a.Exchange != "x" || a.Timeout != DefaultSenderTimeout {
+		t.Fatalf("amqp a: %+v", a)
+	}
+	if a2 == nil || a2.RoutingKey != "" || a2.Mandatory || a2.Timeout != 3*time.Second {
+		t.Fatalf("amqp a2 (an empty routing key is a value): %+v", a2)
+	}
+	if q == nil || q.SecretAccessKey.Reveal() != "sk" || q.AccessKeyID != "AK" || q.BodyEncoding != "text" || q.Region != "eu-west-1" {
+		t.Fatalf("sqs q: %+v", q)
+	}
+	if q2 == nil || q2.BodyEncoding != "base64" || q2.Endpoint != "http://127.0.0.1:1" || q2.AccessKeyID != "" {
+		t.Fatalf("sqs q2: %+v", q2)
+	}
+
+	for _, c := range []struct{ sender, want string }{
+		{`{id: out, type: amqp, amqp: {url: "http://h:5672/"}}`, `senders[1].amqp.url: "http://h:5672/": must be an amqp:// or amqps:// URL`},
+		{`{id: out, type: amqp, amqp: {url: "amqp://h/", routing_key: "mqtt.{queue}"}}`, `senders[1].amqp.routing_key: "mqtt.{queue}": must be a routing key template: it has an unknown placeholder {queue}`},
+		{`{id: out, type: amqp, amqp: {url: "amqp://h/", tls: {}}}`, `senders[1].amqp.tls: applies to an amqps:// url only`},
+		{`{id: out, type: amqp, amqp: {url: "amqp://h/", password_env: TEST_NOT_SET_ANYWHERE}}`, `senders[1].amqp.password_env: "TEST_NOT_SET_ANYWHERE": names an environment variable that is not set`},
+		{`{id: out, type: sqs, sqs: {queue_url: "https://q/1/x"}}`, `senders[1].sqs.region: is required (the queue's AWS region)`},
+		{`{id: out, type: sqs, sqs: {queue_url: "https://q/1/x", region: r, access_key_id: AK}}`, `senders[1].sqs.access_key_id: "AK": needs secret_access_key_env or secret_access_key_file`},
+		{`{id: out, type: sqs, sqs: {queue_url: "https://q/1/x", region: r, body_encoding: hex}}`, `senders[1].sqs.body_encoding: "hex": must be text or base64`},
+		{`{id: out, type: sqs, sqs: {queue_url: "sqs://q/1/x", region: r}}`, `senders[1].sqs.queue_url: "sqs://q/1/x": must be an http:// or https:// URL`},
+	} {
+		y := edit(t, "    file: {path: /tmp/archive.jsonl}\n", "    file: {path: /tmp/archive.jsonl}\n  - "+c.sender+"\n")
+		cfg, err := Parse("bad.yaml", []byte(y))
+		if err == nil || cfg != nil {
+			t.Fatalf("%s accepted", c.sender)
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("missing %q in:\n%v", c.want, err)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/activation"
 	"github.com/myriarch/myriarch/internal/bridge/leasemode"
+	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/routingkey"
 	"github.com/myriarch/myriarch/internal/godur"
 )
 
@@ -112,11 +113,11 @@ var topicTable = Table{Name: "topics[]", Rows: []Row{
 }}
 
 // senderTypes are the sender types, each with the table of its block.
-var senderTypes = []*Table{&mqttSenderTable, &httpSenderTable, &natsSenderTable, &kafkaSenderTable, &fileSenderTable}
+var senderTypes = []*Table{&mqttSenderTable, &httpSenderTable, &natsSenderTable, &kafkaSenderTable, &fileSenderTable, &amqpSenderTable, &sqsSenderTable}
 
 var senderTable = Table{Name: "senders[]", Rows: []Row{
 	{Key: "id", To: verbatim(func(s *SenderSettings) *string { return &s.ID }), Kind: String, Rule: Rule{Required: "is required", Format: "id"}, Meaning: "sender name"},
-	{Key: "type", To: verbatim(func(s *SenderSettings) *string { return &s.Type }), Kind: String, Rule: Rule{Required: "must be mqtt, http, nats, kafka or file", OneOf: []string{senderMQTT, senderHTTP, senderNATS, senderKafka, senderFile}},
+	{Key: "type", To: verbatim(func(s *SenderSettings) *string { return &s.Type }), Kind: String, Rule: Rule{Required: "must be mqtt, http, nats, kafka, file, amqp or sqs", OneOf: []string{senderMQTT, senderHTTP, senderNATS, senderKafka, senderFile, senderAMQP, senderSQS}},
 		Meaning: "the destination; the block of the same name holds its settings"},
 	{Key: "retry.max_attempts", To: to(func(s *SenderSettings) *int { return &s.MaxAttempts }), Kind: Int, Default: strconv.Itoa(DefaultRetryAttempts), Rule: Rule{Min: "1"}, Meaning: "deliveries tried before the message is dead-lettered"},
 	{Key: "retry.initial_backoff", To: to(func(s *SenderSettings) *time.Duration { return &s.InitialBackoff }), Kind: Duration, Default: godur.Format(DefaultInitialBackoff), Rule: Rule{Positive: true}, Meaning: "wait before the first retry; doubled each time"},
@@ -126,13 +127,15 @@ var senderTable = Table{Name: "senders[]", Rows: []Row{
 	{Key: senderNATS, Kind: Object, Table: &natsSenderTable, Meaning: "type nats only, see `nats:`"},
 	{Key: senderKafka, Kind: Object, Table: &kafkaSenderTable, Meaning: "type kafka only, see `kafka:`"},
 	{Key: senderFile, Kind: Object, Table: &fileSenderTable, Meaning: "type file only, see `file:`"},
+	{Key: senderAMQP, Kind: Object, Table: &amqpSenderTable, Meaning: "type amqp only, see `amqp:`"},
+	{Key: senderSQS, Kind: Object, Table: &sqsSenderTable, Meaning: "type sqs only, see `sqs:`"},
 }}
 
-// timeoutRow is the timeout of one delivery, common to four sender types.
+// timeoutRow is the timeout of one delivery, common to six sender types.
 func timeoutRow[D any](r Rule, field func(*D) *time.Duration) Row {
 	r.Positive = true
 	return Row{Key: "timeout", Kind: Duration, To: to(field), Default: godur.Format(DefaultSenderTimeout), Rule: r,
-		Meaning: "bounds one delivery: a POST, a flush round trip, a PUBACK wait, a Kafka record including the client's own retries"}
+		Meaning: "bounds one delivery: a POST, a flush round trip, a PUBACK wait, a Kafka record including the client's own retries, an AMQP publisher confirm (and the connect), an SQS call including the SDK's retries"}
 }
 
 var mqttSenderTable = Table{Name: "mqtt", SenderType: senderMQTT, Rows: []Row{
@@ -170,6 +173,37 @@ var kafkaSenderTable = Table{Name: "kafka", SenderType: senderKafka, Rows: []Row
 
 var fileSenderTable = Table{Name: "file", SenderType: senderFile, Rows: []Row{
 	{Key: "path", To: verbatim(func(s *FileSenderSettings) *string { return &s.Path }), Kind: String, Rule: Rule{Required: "is required"}, Meaning: "JSON lines are appended here"},
+}}
+
+var amqpSenderTable = Table{Name: "amqp", SenderType: senderAMQP, Rows: []Row{
+	{Key: "url", To: verbatim(func(s *AMQPSenderSettings) *string { return &s.URL }), Kind: String, Rule: Rule{Required: "must be an amqp:// or amqps:// URL", Format: "amqp-url"},
+		Meaning: "the broker, `amqp://host:port/vhost`; accepted when the broker confirmed the message (publisher confirms)"},
+	{Key: "username", To: verbatim(func(s *AMQPSenderSettings) *string { return &s.Username }), Kind: String, DefaultDoc: "the URL's", Meaning: "AMQP user name; replaces the URL's credentials"},
+	{Key: "password_file", Kind: String, Meaning: "file holding the password (not with `password_env`)"},
+	{Key: "password_env", Kind: String, Meaning: "environment variable holding the password (not with `password_file`)"},
+	{Key: "tls", Kind: Object, Table: &tlsTable, DefaultDoc: "none", Meaning: "client TLS for `amqps://`, see `tls:`"},
+	{Key: "exchange", To: verbatim(func(s *AMQPSenderSettings) *string { return &s.Exchange }), Kind: String, DefaultDoc: "the default exchange",
+		Meaning: "the exchange published to; it must exist (the sender checks, and declares nothing)"},
+	{Key: "routing_key", To: to(func(s *AMQPSenderSettings) *string { return &s.RoutingKey }), Kind: String, Default: routingkey.Default, Rule: Rule{Format: "routing-key"},
+		Meaning: "template of the routing key: `{topic}` is the MQTT topic with `/` turned into `.`, `{topic_raw}` the topic as is, other text is literal; on the default exchange, a queue name"},
+	{Key: "mandatory", To: to(func(s *AMQPSenderSettings) *bool { return &s.Mandatory }), Kind: Bool, Default: "true",
+		Meaning: "a message no queue takes is returned by the broker and not accepted (retried, then dead-lettered); `false` lets the broker drop it"},
+	timeoutRow(Rule{}, func(s *AMQPSenderSettings) *time.Duration { return &s.Timeout }),
+}}
+
+var sqsSenderTable = Table{Name: "sqs", SenderType: senderSQS, Rows: []Row{
+	{Key: "queue_url", To: verbatim(func(s *SQSSenderSettings) *string { return &s.QueueURL }), Kind: String, Rule: Rule{Required: "must be an http:// or https:// URL", Format: "http-url"},
+		Meaning: "the queue; a name ending in `.fifo` is a FIFO queue: group id per topic, deduplication id from the stamp and the message"},
+	{Key: "region", To: verbatim(func(s *SQSSenderSettings) *string { return &s.Region }), Kind: String, Rule: Rule{Required: "is required (the queue's AWS region)"}, Meaning: "the queue's AWS region"},
+	{Key: "endpoint", To: verbatim(func(s *SQSSenderSettings) *string { return &s.Endpoint }), Kind: String, DefaultDoc: "AWS's for the region", Rule: Rule{Format: "http-url"},
+		Meaning: "another SQS endpoint (a VPC endpoint, a compatible implementation)"},
+	{Key: "access_key_id", To: verbatim(func(s *SQSSenderSettings) *string { return &s.AccessKeyID }), Kind: String, DefaultDoc: "the SDK's default chain",
+		Meaning: "static credentials, with `secret_access_key_*`; without, the environment, shared files, web identity or the instance's role"},
+	{Key: "secret_access_key_file", Kind: String, Meaning: "file holding the secret access key (not with `secret_access_key_env`)"},
+	{Key: "secret_access_key_env", Kind: String, Meaning: "environment variable holding the secret access key (not with `secret_access_key_file`)"},
+	{Key: "body_encoding", To: to(func(s *SQSSenderSettings) *string { return &s.BodyEncoding }), Kind: String, Default: "text", Rule: Rule{OneOf: []string{"text", "base64"}},
+		Meaning: "`text` sends the payload as the body and dead-letters a payload SQS cannot carry (not UTF-8, control characters); `base64` carries any payload, marked `mqtt_payload_encoding: base64`"},
+	timeoutRow(Rule{}, func(s *SQSSenderSettings) *time.Duration { return &s.Timeout }),
 }}
 
 var routeTable = Table{Name: "routes[]", Rows: slices.Concat([]Row{

@@ -490,6 +490,26 @@ func (v *validator) senders(f *File, cfg *Config) {
 		case r.Type == senderKafka && r.Kafka != nil:
 			s.Kafka = &KafkaSenderSettings{}
 			v.resolve(bp, &kafkaSenderTable, r.Kafka, s.Kafka)
+		case r.Type == senderAMQP && r.AMQP != nil:
+			a := &AMQPSenderSettings{}
+			v.resolve(bp, &amqpSenderTable, r.AMQP, a)
+			a.Password = v.secret(bp+".password", r.AMQP.PasswordFile, r.AMQP.PasswordEnv)
+			a.TLS = v.tls(bp+".tls", r.AMQP.TLS)
+			if r.AMQP.TLS != nil && strings.HasPrefix(a.URL, "amqp://") {
+				v.add(bp+".tls", nil, "applies to an amqps:// url only (url is %q)", a.URL)
+			}
+			s.AMQP = a
+		case r.Type == senderSQS && r.SQS != nil:
+			q := &SQSSenderSettings{}
+			v.resolve(bp, &sqsSenderTable, r.SQS, q)
+			q.SecretAccessKey = v.secret(bp+".secret_access_key", r.SQS.SecretAccessKeyFile, r.SQS.SecretAccessKeyEnv)
+			switch hasSecret := r.SQS.SecretAccessKeyFile != "" || r.SQS.SecretAccessKeyEnv != ""; {
+			case q.AccessKeyID != "" && !hasSecret:
+				v.add(bp+".access_key_id", q.AccessKeyID, "needs secret_access_key_env or secret_access_key_file")
+			case q.AccessKeyID == "" && hasSecret:
+				v.add(bp+".access_key_id", nil, "is required with a secret access key")
+			}
+			s.SQS = q
 		case r.Type == senderFile && r.File != nil:
 			s.File = &FileSenderSettings{}
 			v.resolve(bp, &fileSenderTable, r.File, s.File)

@@ -10,6 +10,8 @@
 //	MQTT 5 sender     user properties  myriarch-lease-version, myriarch-session-id
 //	HTTP sender       headers          Myriarch-Lease-Version, Myriarch-Session-Id
 //	Kafka, NATS       record headers   Myriarch-Lease-Version, Myriarch-Session-Id
+//	AMQP sender       headers          Myriarch-Lease-Version, Myriarch-Session-Id
+//	SQS sender        attributes       Myriarch-Lease-Version, Myriarch-Session-Id
 //	file sender       JSON line fields "lease_version" (number), "session_id" (string)
 //
 // # Consumer recipe: discarding a stale owner's output

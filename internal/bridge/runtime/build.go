@@ -12,12 +12,15 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	amqpsender "github.com/myriarch/myriarch/internal/bridge/sender/amqp"
+	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/routingkey"
 	filesender "github.com/myriarch/myriarch/internal/bridge/sender/file"
 	httpsender "github.com/myriarch/myriarch/internal/bridge/sender/http"
 	kafkasender "github.com/myriarch/myriarch/internal/bridge/sender/kafka"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
 	mqtt311sender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt311"
 	natssender "github.com/myriarch/myriarch/internal/bridge/sender/nats"
+	sqssender "github.com/myriarch/myriarch/internal/bridge/sender/sqs"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/etcdstore"
 	"github.com/myriarch/myriarch/lease/pgstore"
@@ -55,6 +58,22 @@ func openSender(s config.SenderSettings, instanceID string, log *slog.Logger) (s
 		return kafkasender.Dial(kafkasender.Config{Brokers: s.Kafka.Brokers, Topic: s.Kafka.Topic, Timeout: s.Kafka.Timeout})
 	case s.File != nil:
 		return filesender.Open(s.File.Path)
+	case s.AMQP != nil:
+		a := s.AMQP
+		tc, err := mqttconn.TLSConfig(tlsFiles(a.TLS))
+		if err != nil {
+			return nil, err
+		}
+		key, err := routingkey.Parse(a.RoutingKey)
+		if err != nil {
+			return nil, fmt.Errorf("routing_key %q: %w", a.RoutingKey, err)
+		}
+		return amqpsender.New(amqpsender.Config{URL: a.URL, Username: a.Username, Password: a.Password.Reveal(), TLS: tc, Exchange: a.Exchange,
+			RoutingKey: key, Mandatory: a.Mandatory, Timeout: a.Timeout, Name: "myriarch-bridge " + instanceID, Logger: log}), nil
+	case s.SQS != nil:
+		q := s.SQS
+		return sqssender.New(context.Background(), sqssender.Config{QueueURL: q.QueueURL, Region: q.Region, Endpoint: q.Endpoint,
+			AccessKeyID: q.AccessKeyID, SecretAccessKey: q.SecretAccessKey.Reveal(), BodyEncoding: q.BodyEncoding, Timeout: q.Timeout})
 	}
 	return nil, fmt.Errorf("unknown sender type %q", s.Type)
 }
