@@ -13,7 +13,7 @@ cd "$root"
 # lab and load binaries, the benchmarks, and the packages that exist for
 # tests (most import "testing"; internal/archtest checks that no
 # production binary links them).
-excluded='^(tools|e2e|cmd/myriarch-lab|cmd/myriarch-loadagents|internal/pgtest|internal/faultnet|internal/testnet|internal/testpki|internal/bridge/lab|internal/leaderlab|internal/fleet/fleettest|lease/leasetest|lease/etcdtest|lease/internal/leasesim|lease/internal/rowstore/waketest|internal/bridge/bench|internal/archtest|internal/fleet/otelagent|internal/fleet/releases/ocitest|internal/fleet/artifacts/blobstore/s3test|internal/bridge/sender/sendertest|internal/testwait|internal/fleet/api/openapitest)/'
+excluded='^(tools|e2e|cmd/myriarch-lab|cmd/myriarch-loadagents|internal/pgtest|internal/faultnet|internal/testnet|internal/testpki|internal/bridge/lab|internal/leaderlab|internal/fleet/fleettest|lease/leasetest|lease/etcdtest|lease/internal/leasesim|lease/internal/rowstore/waketest|internal/bridge/bench|internal/archtest|internal/fleet/otelagent|internal/fleet/releases/ocitest|internal/fleet/artifacts/blobstore/s3test|internal/bridge/sender/sendertest|internal/testwait|internal/fleet/api/openapitest|internal/bridge/sender/amqp/amqptest|internal/bridge/sender/sqs/sqstest)/'
 git ls-files --cached --others --exclude-standard -- '*.go' |
 	grep -v '_test\.go$' | grep -Ev "$excluded" |
 	while IFS= read -r f; do

@@ -18,6 +18,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 	"github.com/myriarch/myriarch/internal/bridge/sender/amqp/amqptest"
 	"github.com/myriarch/myriarch/internal/bridge/sender/sqs/sqstest"
+	"github.com/myriarch/myriarch/internal/testwait"
 )
 
 // The amqp and sqs senders as the configuration builds them: one route
@@ -77,7 +78,7 @@ routes:
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx) }()
-	waitFor(t, "active and full", func() bool { s := b.Status().Sessions[0]; return s.Role+"/"+s.ServiceLevel == "active/full" })
+	testwait.Until(t, "active and full", waitLimit, func() bool { s := b.Status().Sessions[0]; return s.Role+"/"+s.ServiceLevel == "active/full" })
 	p := publisher(t, br.URL)
 	for i := range 10 {
 		if _, err := p.Publish(context.Background(), &paho.Publish{Topic: "plant/m1", QoS: 1, Payload: fmt.Append(nil, i)}); err != nil {
@@ -85,7 +86,7 @@ routes:
 		}
 	}
 	var got []amqpgo.Delivery
-	waitFor(t, "10 messages in RabbitMQ", func() bool {
+	testwait.Until(t, "10 messages in RabbitMQ", waitLimit, func() bool {
 		d, ok, err := ch.Get("plant", true)
 		if err != nil {
 			t.Fatal(err)
@@ -102,7 +103,7 @@ routes:
 	}
 	var bodies []string
 	cl := sq.Client()
-	waitFor(t, "10 messages in SQS", func() bool {
+	testwait.Until(t, "10 messages in SQS", waitLimit, func() bool {
 		r, err := cl.ReceiveMessage(context.Background(), &awssqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL), MaxNumberOfMessages: 10,
 			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameMessageGroupId}, VisibilityTimeout: 300})
 		if err != nil {
