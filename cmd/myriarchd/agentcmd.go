@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -113,15 +114,8 @@ func printAgents(w io.Writer, agents []store.Agent, next string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "UID\tSERVICE\tSTATUS\tREPLICA\tHEALTH\tCONFIG\tBRIDGE\tROLES\tLAST SEEN")
 	for _, a := range agents {
-		health := "-"
-		if a.Healthy != nil {
-			health = map[bool]string{true: "healthy", false: "unhealthy"}[*a.Healthy]
-		}
-		rc := a.RemoteConfigStatus
-		if rc == "" {
-			rc = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.InstanceUID, a.Identifying["service.name"], a.Status, a.ReplicaID, health, rc,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.InstanceUID, a.Identifying["service.name"], a.Status, a.ReplicaID,
+			healthWord(a.Healthy, "-"), cmp.Or(a.RemoteConfigStatus, "-"),
 			dash(a.BridgeID()), dash(strings.Join(a.Roles(), ",")), ts(&a.LastSeen))
 	}
 	_ = tw.Flush()
@@ -161,14 +155,8 @@ func printAgent(body []byte, w io.Writer) {
 		return
 	}
 	a := d.Agent
-	health := "not reported"
-	if a.Healthy != nil {
-		health = map[bool]string{true: "healthy", false: "unhealthy"}[*a.Healthy]
-	}
-	rc := a.RemoteConfigStatus
-	if rc == "" {
-		rc = "none"
-	}
+	health := healthWord(a.Healthy, "not reported")
+	rc := cmp.Or(a.RemoteConfigStatus, "none")
 	if a.RemoteConfigError != "" {
 		rc += ": " + a.RemoteConfigError
 	}
@@ -222,4 +210,13 @@ func onAgent[T any](call func(*apiclient.Client, context.Context, string) (T, er
 		}
 		return v, func(w io.Writer) { show(w, v) }, err
 	}
+}
+
+// healthWord is "healthy" or "unhealthy", or none when the agent reported
+// no health.
+func healthWord(healthy *bool, none string) string {
+	if healthy == nil {
+		return none
+	}
+	return map[bool]string{true: "healthy", false: "unhealthy"}[*healthy]
 }

@@ -327,11 +327,6 @@ type LeaderInfo struct {
 	Active bool `json:"active"`
 }
 
-func (a *API) overview(w http.ResponseWriter, r *http.Request) {
-	o, err := a.Overview(r.Context())
-	writeOne(w, o, err, "overview")
-}
-
 // Overview gathers the fleet overview (also used by the UI).
 func (a *API) Overview(ctx context.Context) (Overview, error) {
 	c, err := a.o.Store.Counts(ctx)
@@ -530,11 +525,6 @@ type ClusterInfo struct {
 	Replicas         []ReplicaInfo  `json:"replicas"`
 	Jobs             []jobs.Status  `json:"jobs"`
 	JobRuns          []store.JobRun `json:"job_runs"`
-}
-
-func (a *API) cluster(w http.ResponseWriter, r *http.Request) {
-	c, err := a.Cluster(r.Context())
-	writeOne(w, c, err, "cluster")
 }
 
 // Cluster gathers the cluster view (also used by the UI).

@@ -34,11 +34,7 @@ func (a *API) createPackageRollout(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) listPackageRollouts(w http.ResponseWriter, r *http.Request) {
 	rs, err := upgrades.List(r.Context(), a.o.Store.Pool)
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"rollouts": nonNil(rs)})
+	writeList(w, rs, err, "", func(l []upgrades.Rollout) any { return PackageRolloutList{Rollouts: l} })
 }
 
 func (a *API) commandPackageRollout(w http.ResponseWriter, r *http.Request) {

@@ -39,11 +39,7 @@ func (a *API) Software(r *http.Request) (SoftwareView, error) {
 
 func (a *API) listPackages(w http.ResponseWriter, r *http.Request) {
 	s, err := releases.ListSources(r.Context(), a.o.Store.Pool)
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"packages": nonNil(s)})
+	writeList(w, s, err, "", func(l []releases.Source) any { return PackageList{Packages: l} })
 }
 
 // PackageRequest is the body of PUT /api/v1/packages/{name}.
@@ -95,11 +91,7 @@ func (a *API) deletePackage(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) listReleases(w http.ResponseWriter, r *http.Request) {
 	rs, err := releases.ListReleases(r.Context(), a.o.Store.Pool, r.PathValue("name"))
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"releases": nonNil(rs)})
+	writeList(w, rs, err, "", func(l []releases.Release) any { return ReleaseList{Releases: l} })
 }
 
 func (a *API) listArtifacts(w http.ResponseWriter, r *http.Request) {
@@ -113,11 +105,7 @@ func (a *API) listArtifacts(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) packageVersions(w http.ResponseWriter, r *http.Request) {
 	vs, err := a.o.Store.PackageVersions(r.Context())
-	if err != nil {
-		writeErr(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"versions": nonNil(vs)})
+	writeList(w, vs, err, "", func(l []store.PackageVersionCount) any { return VersionList{Versions: l} })
 }
 
 func nonNil[T any](s []T) []T {

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/myriarch/myriarch/internal/fleet/store"
@@ -20,8 +21,8 @@ type endpoint struct {
 func (a *API) endpoints() []endpoint {
 	viewer, operator, admin := store.RoleViewer, store.RoleOperator, store.RoleAdmin
 	return []endpoint{
-		{viewer, "GET /api/v1/overview", a.overview},
-		{viewer, "GET /api/v1/cluster", a.cluster},
+		{viewer, "GET /api/v1/overview", answer(a.Overview, "overview")},
+		{viewer, "GET /api/v1/cluster", answer(a.Cluster, "cluster")},
 
 		{viewer, "GET /api/v1/agents", a.listAgents},
 		{viewer, "GET /api/v1/agents/{uid}", a.getAgent},
@@ -73,5 +74,14 @@ func (a *API) endpoints() []endpoint {
 		{viewer, "/api/", func(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 		}},
+	}
+}
+
+// answer is the handler of an endpoint that answers what get returns (the
+// API's methods that the UI shares).
+func answer[T any](get func(context.Context) (T, error), what string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := get(r.Context())
+		writeOne(w, v, err, what)
 	}
 }
