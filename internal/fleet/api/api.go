@@ -289,7 +289,7 @@ func (a *API) auth(role store.Role, h http.HandlerFunc) http.Handler {
 		}
 		// After the token check: a caller without one learns nothing
 		// about the parameters.
-		if err := checkRequestText(r); err != nil {
+		if err := CheckRequestText(r); err != nil {
 			writeErr(w, http.StatusBadRequest, err.Error())
 			return
 		}

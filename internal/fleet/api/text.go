@@ -22,9 +22,11 @@ func badText(s string) string {
 	return ""
 }
 
-// checkRequestText refuses a path or query parameter that badText
-// refuses, naming it: a 400, where the database would answer a 500.
-func checkRequestText(r *http.Request) error {
+// CheckRequestText refuses a path or query parameter that PostgreSQL
+// cannot store as text (NUL, invalid UTF-8), naming it: a 400, where the
+// database would answer a 500 with a SQLSTATE. The UI checks its pages'
+// parameters with it too.
+func CheckRequestText(r *http.Request) error {
 	if why := badText(r.URL.Path); why != "" {
 		return fmt.Errorf("path %q: %s", r.URL.Path, why)
 	}

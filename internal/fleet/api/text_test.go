@@ -16,12 +16,12 @@ func TestRequestTextIsRefusedByName(t *testing.T) {
 		{"/api/v1/agents/a%00b", `path "/api/v1/agents/a\x00b": must not contain NUL`},
 		{"/api/v1/agents?%00=1", `query parameter "\x00": must not contain NUL`},
 	} {
-		err := checkRequestText(httptest.NewRequest("GET", c.target, nil))
+		err := CheckRequestText(httptest.NewRequest("GET", c.target, nil))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.target, err, c.want)
 		}
 	}
-	if err := checkRequestText(httptest.NewRequest("GET", "/api/v1/agents?bridge_id=plant-1&selector=a%3Db%27", nil)); err != nil {
+	if err := CheckRequestText(httptest.NewRequest("GET", "/api/v1/agents?bridge_id=plant-1&selector=a%3Db%27", nil)); err != nil {
 		t.Errorf("ordinary parameters refused: %v", err)
 	}
 	for _, c := range []struct{ body, want string }{
