@@ -526,7 +526,7 @@ func parseConfigRequest(body []byte) (ConfigRequest, error) {
 	if dec.More() {
 		return req, errors.New(`body: must be one JSON object {"config": "<text>"}, found more after it`)
 	}
-	return req, nil
+	return req, checkJSONText(body)
 }
 
 // ReplicaInfo is one registry row.

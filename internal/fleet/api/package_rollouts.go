@@ -1,8 +1,10 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -29,10 +31,15 @@ type PackageRolloutRequest struct {
 
 func (a *API) createPackageRollout(w http.ResponseWriter, r *http.Request) {
 	var req PackageRolloutRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	var raw bytes.Buffer // for checkJSONText
+	dec := json.NewDecoder(io.TeeReader(http.MaxBytesReader(w, r.Body, 64<<10), &raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	if err := checkJSONText(raw.Bytes()); err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	ro, err := upgrades.Create(r.Context(), a.o.Store.Pool, r.PathValue("name"), req.Version, req.Spec, tokenRef(r.Context()))

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -74,10 +76,15 @@ type PackageRequest struct {
 
 func (a *API) putPackage(w http.ResponseWriter, r *http.Request) {
 	var req PackageRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	var raw bytes.Buffer // for checkJSONText
+	dec := json.NewDecoder(io.TeeReader(http.MaxBytesReader(w, r.Body, 64<<10), &raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	if err := checkJSONText(raw.Bytes()); err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	d, err := time.ParseDuration(strings.TrimSpace(req.PollInterval))
@@ -154,10 +161,15 @@ type OfferRequest struct {
 
 func (a *API) offerPackage(w http.ResponseWriter, r *http.Request) {
 	var req OfferRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	var raw bytes.Buffer // for checkJSONText
+	dec := json.NewDecoder(io.TeeReader(http.MaxBytesReader(w, r.Body, 1<<20), &raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	if err := checkJSONText(raw.Bytes()); err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	if req.Version == "" {

@@ -34,6 +34,10 @@ func TestRequestTextIsRefusedByName(t *testing.T) {
 			t.Errorf("%s: %v, want %q", c.body, err, c.want)
 		}
 	}
+	// PUT /api/v1/agents/{uid}/config (its own decoder) checks the same.
+	if _, err := parseConfigRequest([]byte(`{"config": "a\u0000"}`)); err == nil || !strings.Contains(err.Error(), `body: config "a\x00": must not contain NUL`) {
+		t.Errorf("agent config with NUL: %v", err)
+	}
 	for _, ok := range []string{`{"content": "a\\u0000 is six characters"}`, `{"name": "ci"}`, `not json \u0000`} {
 		if err := checkJSONText([]byte(ok)); err != nil {
 			t.Errorf("%s: refused: %v", ok, err)
