@@ -277,6 +277,11 @@ func runAPI(cmd *apiCmd, usage string, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return in.usageErr("%v", err)
 	}
+	if c.PlainHTTP() {
+		// A warning, not a refusal: a lab on a private network is a
+		// choice; stdout (-o json) stays clean.
+		fmt.Fprintf(stderr, "%s: warning: the API token goes in clear text over http:// to %s (not this machine): use https:// (server.httpTlsCertFile) outside a trusted network\n", in.prog, c.Server())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	v, human, err := cmd.run(ctx, c, x)

@@ -272,7 +272,9 @@ func printPreview(w io.Writer, p configs.Preview) {
 			state = "up to date"
 		}
 		fmt.Fprintf(w, "\n== %d agent(s) running %s: %s\n   %s\n", len(g.Agents), dash(g.EffectiveHash), state, strings.Join(g.Agents, " "))
-		if !g.UpToDate {
+		if g.DiffOmitted {
+			io.WriteString(w, "   (diff omitted: only the largest groups carry one)\n")
+		} else if !g.UpToDate {
 			io.WriteString(w, g.Diff)
 		}
 	}

@@ -44,6 +44,19 @@ func TestTokenRolesAndAgentRevocation(t *testing.T) {
 	if c := get(t, base+"/api/v1/tokens", viewer); c != 403 {
 		t.Fatalf("viewer lists tokens: %d", c)
 	}
+	// Text PostgreSQL cannot store is a 400 naming the parameter, not a
+	// 500 with a SQLSTATE; the token's name is bounded and one line.
+	for _, u := range []string{"/api/v1/agents?bridge_id=%00", "/api/v1/agents?after=%ff", "/api/v1/agents/a%00b"} {
+		if c := get(t, base+u, viewer); c != 400 {
+			t.Errorf("GET %s: %d, want 400", u, c)
+		}
+	}
+	if _, errOut, code := dispatch("token", "create", "--name", "ci\nINFO forged", "--role", "viewer"); code != 2 || !strings.Contains(errOut, "must not contain control characters") {
+		t.Errorf("token name with a line break: %d %q", code, errOut)
+	}
+	if _, errOut, code := dispatch("token", "create", "--name", strings.Repeat("a", 5000), "--role", "viewer"); code != 2 || !strings.Contains(errOut, "at most 100 characters") {
+		t.Errorf("token name of 5000 characters: %d %q", code, errOut)
+	}
 
 	ag, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: "ws://" + d.OpAMPAddr().String() + "/v1/opamp", Secret: testSecret, Credential: true})
 	if err != nil {

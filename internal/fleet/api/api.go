@@ -275,6 +275,12 @@ func (a *API) auth(role store.Role, h http.HandlerFunc) http.Handler {
 			writeErr(w, http.StatusForbidden, fmt.Sprintf("%s %s needs role %s; token %q has role %s", r.Method, r.URL.Path, role, t.Name, t.Role))
 			return
 		}
+		// After the token check: a caller without one learns nothing
+		// about the parameters.
+		if err := CheckRequestText(r); err != nil {
+			writeErr(w, http.StatusBadRequest, err.Error())
+			return
+		}
 		h(w, r.WithContext(WithToken(r.Context(), t)))
 	})
 }
@@ -501,7 +507,7 @@ func parseConfigRequest(body []byte) (ConfigRequest, error) {
 	if dec.More() {
 		return req, errors.New(`body: must be one JSON object {"config": "<text>"}, found more after it`)
 	}
-	return req, nil
+	return req, checkJSONText(body)
 }
 
 // ReplicaInfo is one registry row.

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 )
@@ -37,10 +39,15 @@ func writeOne(w http.ResponseWriter, v any, err error, what string) {
 // readBody decodes the JSON body of r into v, refusing unknown fields and
 // a body over limit bytes; a refused body is answered 400.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	var raw bytes.Buffer // for checkJSONText
+	dec := json.NewDecoder(io.TeeReader(http.MaxBytesReader(w, r.Body, limit), &raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		writeErr(w, http.StatusBadRequest, "body: "+err.Error())
+		return false
+	}
+	if err := checkJSONText(raw.Bytes()); err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return false
 	}
 	return true

@@ -60,6 +60,10 @@ func (a *API) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 		writeErr(w, http.StatusBadRequest, "body: must be JSON "+shape+": "+err.Error())
 		return false
 	}
+	if err := checkJSONText(body); err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
+		return false
+	}
 	return true
 }
 

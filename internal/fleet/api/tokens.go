@@ -2,7 +2,6 @@ package api
 
 import (
 	"net/http"
-	"strings"
 
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
@@ -28,8 +27,8 @@ func (a *API) createToken(w http.ResponseWriter, r *http.Request) {
 	if !a.readJSON(w, r, &req, `{"name": "<name>", "role": "viewer|operator|admin"}`) {
 		return
 	}
-	if strings.TrimSpace(req.Name) == "" {
-		writeErr(w, http.StatusBadRequest, `name "": must not be empty (it names the token in logs)`)
+	if err := store.CheckTokenName(req.Name); err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	if _, err := store.ParseRole(string(req.Role)); err != nil {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -86,7 +87,30 @@ func New(o Options) (*Client, error) {
 		o.Timeout = 30 * time.Second
 	}
 	base.Path = strings.TrimSuffix(base.Path, "/")
-	return &Client{base: base, token: o.Token, hc: &http.Client{Transport: rt, Timeout: o.Timeout}}, nil
+	hc := &http.Client{Transport: rt, Timeout: o.Timeout, CheckRedirect: refuseRedirect}
+	return &Client{base: base, token: o.Token, hc: hc}, nil
+}
+
+// refuseRedirect stops at a redirect: the API answers none, and following
+// one could carry the token elsewhere (net/http keeps Authorization on the
+// same host, also from https:// to http://).
+func refuseRedirect(req *http.Request, via []*http.Request) error {
+	return fmt.Errorf("the server redirected to %s: not followed, as the token would go with it (set --server to the replica's API URL)", req.URL.Redacted())
+}
+
+// PlainHTTP reports whether the client sends its token in clear text to
+// another machine: an http:// server that is not a loopback address
+// (localhost, 127.0.0.0/8, ::1). The command line warns then.
+func (c *Client) PlainHTTP() bool {
+	if c.base.Scheme != "http" {
+		return false
+	}
+	h := c.base.Hostname()
+	if h == "localhost" {
+		return false
+	}
+	ip := net.ParseIP(h)
+	return ip == nil || !ip.IsLoopback()
 }
 
 // Server is the base URL the client calls.

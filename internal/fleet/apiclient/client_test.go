@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -56,5 +57,49 @@ func TestPrivateCAAndErrors(t *testing.T) {
 	bad, _ := New(Options{Server: srv.URL, Token: "myr_x", CAFile: ca})
 	if _, err := bad.Configs(ctx); !errors.As(err, &e) || e.Status != 401 || e.Message != "invalid API token" {
 		t.Fatalf("bad token: %v", err)
+	}
+}
+
+// The command line warns when the token would cross the network in clear
+// text; loopback and https:// are quiet.
+func TestPlainHTTP(t *testing.T) {
+	for server, want := range map[string]bool{
+		"http://127.0.0.1:8080": false, "http://localhost:8080": false, "http://[::1]:8080": false,
+		"http://127.1.2.3": false, "https://fleet.example.com": false,
+		"http://lab:8080": true, "http://10.0.0.5:8080": true, "http://[2001:db8::1]:8080": true,
+	} {
+		c, err := New(Options{Server: server, Token: "myr_x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.PlainHTTP(); got != want {
+			t.Errorf("%s: PlainHTTP %v, want %v", server, got, want)
+		}
+	}
+}
+
+// A redirect is not followed: net/http would keep the Authorization
+// header on the same host, also from https:// down to http://.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	var leaked atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("/api/v1/overview", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	})
+	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) {
+		leaked.Store(r.Header.Get("Authorization") != "")
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c, err := New(Options{Server: srv.URL, Token: "myr_secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Do(context.Background(), "GET", "/api/v1/overview", nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "redirected to "+srv.URL+"/elsewhere: not followed") {
+		t.Fatalf("redirect: %v", err)
+	}
+	if leaked.Load() {
+		t.Fatal("the token followed the redirect")
 	}
 }

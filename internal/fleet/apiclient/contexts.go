@@ -156,6 +156,13 @@ func (c *Contexts) Save() error {
 // the command line wins, then the context named by --context, then the
 // environment (MYRIARCH_SERVER, MYRIARCH_TOKEN, MYRIARCH_CA_FILE), then
 // the contexts file's current context, then DefaultServer.
+//
+// A token is a cluster's: without a flag or --context, a token from the
+// environment is not sent to the current context's server when that
+// context holds a token of its own, nor the current context's token to a
+// MYRIARCH_SERVER that is not the context's server. Options refuses those
+// mixtures, naming both sides (after `context use lab`, a prod token left
+// in MYRIARCH_TOKEN went to the lab).
 type Resolve struct {
 	Server, Token, CAFile string // from flags; "" when not given
 	Context               string // --context
@@ -167,15 +174,27 @@ const DefaultServer = "http://127.0.0.1:8080"
 // Options resolves r into client options.
 func (r Resolve) Options() (Options, error) {
 	o := Options{Server: r.Server, Token: r.Token, CAFile: r.CAFile}
-	fill := func(dst *string, v string) {
-		if *dst == "" {
+	// Where the server and the token came from: "flag", "env", or
+	// "context" (the contexts file's, named or current).
+	var serverFrom, tokenFrom string
+	if o.Server != "" {
+		serverFrom = "flag"
+	}
+	if o.Token != "" {
+		tokenFrom = "flag"
+	}
+	fill := func(dst *string, v string, from *string, src string) {
+		if *dst == "" && v != "" {
 			*dst = v
+			if from != nil {
+				*from = src
+			}
 		}
 	}
 	env := func() {
-		fill(&o.Server, os.Getenv("MYRIARCH_SERVER"))
-		fill(&o.Token, os.Getenv("MYRIARCH_TOKEN"))
-		fill(&o.CAFile, os.Getenv("MYRIARCH_CA_FILE"))
+		fill(&o.Server, os.Getenv("MYRIARCH_SERVER"), &serverFrom, "env")
+		fill(&o.Token, os.Getenv("MYRIARCH_TOKEN"), &tokenFrom, "env")
+		fill(&o.CAFile, os.Getenv("MYRIARCH_CA_FILE"), nil, "")
 	}
 	// A context named on the command line is a flag: it wins over the
 	// environment, so that a token of another cluster in MYRIARCH_TOKEN
@@ -201,14 +220,34 @@ func (r Resolve) Options() (Options, error) {
 			if !ok {
 				return o, fmt.Errorf("context %q: not in %s (contexts: %s)", name, path, strings.Join(cs.Names(), ", "))
 			}
-			fill(&o.Server, x.Server)
-			fill(&o.Token, x.Token)
-			fill(&o.CAFile, x.CAFile)
+			if r.Context == "" {
+				if err := mixed(o, serverFrom, tokenFrom, x); err != nil {
+					return o, err
+				}
+			}
+			fill(&o.Server, x.Server, &serverFrom, "context")
+			fill(&o.Token, x.Token, &tokenFrom, "context")
+			fill(&o.CAFile, x.CAFile, nil, "")
 		}
 	}
 	if r.Context != "" {
 		env()
 	}
-	fill(&o.Server, DefaultServer)
+	fill(&o.Server, DefaultServer, &serverFrom, "default")
 	return o, nil
+}
+
+// mixed refuses to pair the environment's token with the current context
+// x's server, or x's token with the environment's server, when they are
+// likely two clusters' (no flag chose either).
+func mixed(o Options, serverFrom, tokenFrom string, x Context) error {
+	switch {
+	case tokenFrom == "env" && serverFrom == "" && x.Server != "" && x.Token != "" && x.Token != o.Token:
+		return fmt.Errorf("MYRIARCH_TOKEN is set but MYRIARCH_SERVER is not: the token would go to %s, the server of the current context %q, which holds a token of its own; "+
+			"set MYRIARCH_SERVER (or --server) to the token's server, pass --context %s to use the context's token, or unset MYRIARCH_TOKEN", x.Server, x.Name, x.Name)
+	case serverFrom == "env" && tokenFrom == "" && x.Token != "" && x.Server != o.Server:
+		return fmt.Errorf("MYRIARCH_SERVER %s is set but MYRIARCH_TOKEN is not: the token would be the current context %q's, whose server is %s; "+
+			"set MYRIARCH_TOKEN (or --token) for %s, pass --context %s, or unset MYRIARCH_SERVER", o.Server, x.Name, x.Server, o.Server, x.Name)
+	}
+	return nil
 }

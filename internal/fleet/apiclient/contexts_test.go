@@ -41,9 +41,30 @@ func TestContextsFileModeAndPrecedence(t *testing.T) {
 		t.Fatalf("current context (the first set): %+v", o)
 	}
 	t.Setenv("MYRIARCH_TOKEN", "myr_env")
-	if o := resolve(Resolve{}); o.Server != "https://prod:8080" || o.Token != "myr_env" {
+	// The environment's token is not sent to the current context's
+	// server, which has a token of its own (after `context use lab`, a
+	// prod token in the environment went to the lab); nor the context's
+	// token to another server in MYRIARCH_SERVER.
+	if _, err := (Resolve{}).Options(); err == nil || !strings.Contains(err.Error(), `MYRIARCH_TOKEN is set but MYRIARCH_SERVER is not: the token would go to https://prod:8080, the server of the current context "prod"`) {
+		t.Fatalf("environment token to the current context's server: %v", err)
+	}
+	t.Setenv("MYRIARCH_SERVER", "https://other:8080")
+	if o := resolve(Resolve{}); o.Server != "https://other:8080" || o.Token != "myr_env" {
 		t.Fatalf("environment over the current context: %+v", o)
 	}
+	if o := resolve(Resolve{Server: "https://flag:8080"}); o.Server != "https://flag:8080" || o.Token != "myr_env" {
+		t.Fatalf("--server with the environment's token: %+v", o)
+	}
+	t.Setenv("MYRIARCH_TOKEN", "")
+	if _, err := (Resolve{}).Options(); err == nil || !strings.Contains(err.Error(), `MYRIARCH_SERVER https://other:8080 is set but MYRIARCH_TOKEN is not: the token would be the current context "prod"'s`) {
+		t.Fatalf("context token to the environment's server: %v", err)
+	}
+	t.Setenv("MYRIARCH_SERVER", "https://prod:8080")
+	if o := resolve(Resolve{}); o.Server != "https://prod:8080" || o.Token != "myr_prod" {
+		t.Fatalf("MYRIARCH_SERVER naming the context's own server: %+v", o)
+	}
+	t.Setenv("MYRIARCH_SERVER", "")
+	t.Setenv("MYRIARCH_TOKEN", "myr_env")
 	// A context named on the command line wins over the environment: the
 	// environment's token is not sent to the lab.
 	if o := resolve(Resolve{Context: "lab"}); o.Server != "http://lab:8080" || o.Token != "myr_lab" {
@@ -54,6 +75,16 @@ func TestContextsFileModeAndPrecedence(t *testing.T) {
 	}
 	if _, err := (Resolve{Context: "nope"}).Options(); err == nil || !strings.Contains(err.Error(), `context "nope": not in`) || !strings.Contains(err.Error(), "prod, lab") {
 		t.Fatalf("unknown context: %v", err)
+	}
+	// A context without a token takes the environment's: the token kept
+	// out of the file, e.g. in a CI secret.
+	cs.Set(Context{Name: "ci", Server: "https://ci:8080"})
+	cs.Current = "ci"
+	if err := cs.Save(); err != nil {
+		t.Fatal(err)
+	}
+	if o := resolve(Resolve{}); o.Server != "https://ci:8080" || o.Token != "myr_env" {
+		t.Fatalf("context without a token, token in the environment: %+v", o)
 	}
 
 	if err := os.Chmod(path, 0o644); err != nil {

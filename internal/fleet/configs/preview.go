@@ -65,7 +65,17 @@ type PreviewGroup struct {
 	Agents        []string `json:"agents"`
 	UpToDate      bool     `json:"up_to_date"`
 	Diff          string   `json:"diff"`
+	// DiffOmitted: the group is past the MaxPreviewDiffs largest ones and
+	// carries no diff (its agents and hash are listed).
+	DiffOmitted bool `json:"diff_omitted,omitempty"`
 }
+
+// MaxPreviewDiffs bounds the groups of a preview that carry a diff, the
+// largest that would change first: each diff of two large documents costs up to the
+// diff's 16 M cells, and agents that each run their own config (a
+// per-agent setting) make one group each; 1,000 of them made one viewer's
+// request compute 1,000 diffs and answer hundreds of megabytes.
+const MaxPreviewDiffs = 20
 
 // Preview groups the agents assigned to configuration name whose
 // attributes also match narrow (nil: all of them) by what they run now,
@@ -98,6 +108,7 @@ func (s Service) Preview(ctx context.Context, name string, rev int, narrow map[s
 		return Preview{}, err
 	}
 	groups := map[string]*PreviewGroup{}
+	bodies := map[string]string{} // by effective hash
 	for _, uid := range uids {
 		body := running[uid]
 		h := ""
@@ -106,15 +117,9 @@ func (s Service) Preview(ctx context.Context, name string, rev int, narrow map[s
 		}
 		g, ok := groups[h]
 		if !ok {
-			label := "running " + h
-			if h == "" {
-				label = "running (no effective config reported)"
-			} else if len(h) > 12 {
-				label = "running " + h[:12]
-			}
-			g = &PreviewGroup{EffectiveHash: h, UpToDate: h == r.Hash,
-				Diff: Diff(label, fmt.Sprintf("%s revision %d", name, rev), body, r.Content)}
+			g = &PreviewGroup{EffectiveHash: h, UpToDate: h == r.Hash}
 			groups[h] = g
+			bodies[h] = body
 		}
 		g.Agents = append(g.Agents, uid)
 	}
@@ -124,5 +129,26 @@ func (s Service) Preview(ctx context.Context, name string, rev int, narrow map[s
 	slices.SortFunc(p.Groups, func(a, b PreviewGroup) int {
 		return cmp.Or(cmp.Compare(len(b.Agents), len(a.Agents)), cmp.Compare(a.EffectiveHash, b.EffectiveHash))
 	})
+	diffs := 0
+	for i := range p.Groups {
+		g := &p.Groups[i]
+		if g.UpToDate {
+			continue
+		}
+		if diffs == MaxPreviewDiffs {
+			g.DiffOmitted = true
+			continue
+		}
+		diffs++
+		// The request's deadline stops the work, not only the answer.
+		if err := ctx.Err(); err != nil {
+			return Preview{}, err
+		}
+		label := "running (no effective config reported)"
+		if h := g.EffectiveHash; h != "" {
+			label = "running " + h[:min(12, len(h))]
+		}
+		g.Diff = Diff(label, fmt.Sprintf("%s revision %d", name, rev), bodies[g.EffectiveHash], r.Content)
+	}
 	return p, nil
 }

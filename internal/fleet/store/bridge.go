@@ -100,9 +100,14 @@ func BridgeSessions(health json.RawMessage) []BridgeSession {
 			continue
 		}
 		s := BridgeSession{ID: id, Healthy: c.Healthy, Error: c.LastError, Fields: map[string]string{}}
-		for f := range strings.FieldsSeq(c.Status) {
+		// ASCII white space and the first of a repeated key, as the SQL
+		// twin (migration 00068) reads it: the role filter and the page
+		// must not disagree on what an agent reports.
+		for f := range strings.FieldsFuncSeq(c.Status, isASCIISpace) {
 			if k, v, ok := strings.Cut(f, "="); ok {
-				s.Fields[k] = v
+				if _, dup := s.Fields[k]; !dup {
+					s.Fields[k] = v
+				}
 			}
 		}
 		s.Role = s.Fields["role"]
@@ -110,4 +115,14 @@ func BridgeSessions(health json.RawMessage) []BridgeSession {
 	}
 	slices.SortFunc(out, func(x, y BridgeSession) int { return strings.Compare(x.ID, y.ID) })
 	return out
+}
+
+// isASCIISpace is the white space of a session status: the SQL twin's
+// [ \t\n\r\f\v], not the locale's nor Unicode's.
+func isASCIISpace(r rune) bool {
+	switch r {
+	case ' ', '\t', '\n', '\r', '\f', '\v':
+		return true
+	}
+	return false
 }

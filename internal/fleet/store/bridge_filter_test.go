@@ -38,6 +38,9 @@ func TestSessionRolesSQLMatchesGo(t *testing.T) {
 		`{"healthy":true}`,
 		`{"healthy":true,"components":[]}`,
 		`"ready"`,
+		// A repeated key: the first counts. Unicode spaces do not split.
+		`{"healthy":true,"components":{"session/a":{"status":"role=owner role=standby"}}}`,
+		`{"healthy":true,"components":{"session/a":{"status":"role=standby\u00a0x"},"session/b":{"status":"a=b\u2003role=owner"},"session/c":{"status":"x=1\u000brole=stopped"}}}`,
 	}
 	for i, h := range append(reports, "") {
 		uid := fmt.Sprintf("a%02d", i)

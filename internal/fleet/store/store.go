@@ -19,6 +19,8 @@ import (
 	"maps"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -534,10 +536,31 @@ func (s *Store) IssueToken(ctx context.Context, name string) (Token, string, err
 	return s.IssueTokenRole(ctx, name, RoleAdmin)
 }
 
+// MaxTokenNameLen bounds a token's name, in characters: the name is shown
+// in token lists, in logs and in every refusal of a request it made.
+const MaxTokenNameLen = 100
+
+// CheckTokenName refuses a token name that is empty, longer than
+// MaxTokenNameLen, or holds a control character (NUL cannot be stored; a
+// line break would split a log line or a table row).
+func CheckTokenName(name string) error {
+	switch {
+	case strings.TrimSpace(name) == "":
+		return fmt.Errorf("name %q: must not be empty (it names the token in logs)", name)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("name %q: must be valid UTF-8", name)
+	case utf8.RuneCountInString(name) > MaxTokenNameLen:
+		return fmt.Errorf("name %.20q…: must be at most %d characters (it names the token in logs), got %d", name, MaxTokenNameLen, utf8.RuneCountInString(name))
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return fmt.Errorf("name %q: must not contain control characters (it names the token in logs)", name)
+	}
+	return nil
+}
+
 // IssueTokenRole creates an API token with role.
 func (s *Store) IssueTokenRole(ctx context.Context, name string, role Role) (Token, string, error) {
-	if strings.TrimSpace(name) == "" {
-		return Token{}, "", errors.New("token name must not be empty")
+	if err := CheckTokenName(name); err != nil {
+		return Token{}, "", err
 	}
 	if _, err := ParseRole(string(role)); err != nil {
 		return Token{}, "", err

@@ -180,6 +180,10 @@ func (h *handler) auth(role store.Role, next http.HandlerFunc) http.HandlerFunc 
 			http.Error(w, fmt.Sprintf("myriarchd: this action needs role %s; you are logged in with token %q of role %s", role, t.Name, t.Role), http.StatusForbidden)
 			return
 		}
+		if err := api.CheckRequestText(r); err != nil {
+			http.Error(w, "myriarchd: "+err.Error(), http.StatusBadRequest)
+			return
+		}
 		next(w, r.WithContext(api.WithToken(r.Context(), t)))
 	}
 }
