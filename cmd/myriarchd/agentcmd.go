@@ -43,16 +43,12 @@ func init() {
 			}},
 		apiCmd{group: "agent", name: "set-config", args: uid, summary: "set the agent's desired configuration directly from --file (PUT /api/v1/agents/{uid}/config)",
 			flags: map[string]string{"file": "file with the configuration; - reads standard input"},
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				content := x.readFile()
-				if err := x.refused(); err != nil {
-					return nil, nil, err
-				}
+			run: withFile(func(ctx context.Context, c *apiclient.Client, x *apiCall, content string) (any, func(io.Writer), error) {
 				a, err := c.SetAgentConfig(ctx, x.arg(0), content)
 				return a, func(w io.Writer) {
 					fmt.Fprintf(w, "agent %s: config %s %s\n", a.InstanceUID, short(a.ConfigHash), a.Status)
 				}, err
-			}},
+			})},
 		apiCmd{group: "agent", name: "clear-config", args: uid, summary: "clear the desired configuration: the agent is sent an empty one (DELETE /api/v1/agents/{uid}/config)",
 			run: onAgent((*apiclient.Client).ClearAgentConfig, func(w io.Writer, a api.ConfigAccepted) { fmt.Fprintf(w, "agent %s: %s\n", a.InstanceUID, a.Status) })},
 		apiCmd{group: "agent", name: "restart", args: uid, summary: "send the OpAMP restart command; the agent must accept it and be online (POST /api/v1/agents/{uid}/restart)",

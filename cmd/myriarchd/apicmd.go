@@ -389,3 +389,15 @@ func (x *apiCall) print(v any, human func(io.Writer)) int {
 	}
 	return 0
 }
+
+// withFile is the run of a command that sends the content of --file (- for
+// standard input); send gets it once the flags were accepted.
+func withFile(send func(context.Context, *apiclient.Client, *apiCall, string) (any, func(io.Writer), error)) func(context.Context, *apiclient.Client, *apiCall) (any, func(io.Writer), error) {
+	return func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
+		content := x.readFile()
+		if err := x.refused(); err != nil {
+			return nil, nil, err
+		}
+		return send(ctx, c, x, content)
+	}
+}

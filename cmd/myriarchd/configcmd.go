@@ -41,11 +41,7 @@ func init() {
 			}},
 		apiCmd{group: "config", name: "revise", args: name, summary: "validate --file and store it as the next revision; sends nothing to agents (POST /api/v1/configs/{name}/revisions)",
 			flags: map[string]string{"file": "file with the content of the revision; - reads standard input"},
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				content := x.readFile()
-				if err := x.refused(); err != nil {
-					return nil, nil, err
-				}
+			run: withFile(func(ctx context.Context, c *apiclient.Client, x *apiCall, content string) (any, func(io.Writer), error) {
 				r, err := c.AddRevision(ctx, x.arg(0), content)
 				return r, func(w io.Writer) {
 					if !r.Created {
@@ -54,7 +50,7 @@ func init() {
 					}
 					fmt.Fprintf(w, "stored revision %d of %s (hash %s)\n", r.Revision.Revision, x.arg(0), r.Revision.Hash)
 				}, err
-			}},
+			})},
 		apiCmd{group: "config", name: "cat", args: []string{"NAME", "REVISION"}, summary: "the content of a revision (GET /api/v1/configs/{name}/revisions/{rev})",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
 				n := x.revision(1)
@@ -92,28 +88,18 @@ func init() {
 
 	id := []string{"ID"}
 	apiCommands = append(apiCommands,
-		apiCmd{group: "rollout", name: "create", args: name, summary: "roll configuration NAME out in waves (POST /api/v1/rollouts)",
-			flags: withSpecFlags(map[string]string{"to": "revision to roll out (default: the newest)"}),
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				req, err := x.rolloutRequest()
-				if err != nil {
-					return nil, nil, err
-				}
+		rolloutRequestCmd("create", "roll configuration NAME out in waves (POST /api/v1/rollouts)",
+			func(ctx context.Context, c *apiclient.Client, req rollout.Request) (any, func(io.Writer), error) {
 				ro, err := c.CreateRollout(ctx, req)
 				return ro, func(w io.Writer) {
 					fmt.Fprintf(w, "rollout %d created: %s revision %d → %d; the leader plans it within jobs.rolloutInterval\n", ro.ID, ro.Config, ro.FromRevision, ro.ToRevision)
 				}, err
-			}},
-		apiCmd{group: "rollout", name: "plan", args: name, summary: "dry run of rollout create: the waves with their agents, the agents skipped and why; nothing is stored (POST /api/v1/rollouts/plan)",
-			flags: withSpecFlags(map[string]string{"to": "revision to roll out (default: the newest)"}),
-			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
-				req, err := x.rolloutRequest()
-				if err != nil {
-					return nil, nil, err
-				}
+			}),
+		rolloutRequestCmd("plan", "dry run of rollout create: the waves with their agents, the agents skipped and why; nothing is stored (POST /api/v1/rollouts/plan)",
+			func(ctx context.Context, c *apiclient.Client, req rollout.Request) (any, func(io.Writer), error) {
 				pl, err := c.PlanRollout(ctx, req)
 				return pl, func(w io.Writer) { printPlan(w, pl) }, err
-			}},
+			}),
 		apiCmd{group: "rollout", name: "list", args: []string{"[NAME]"}, summary: "rollouts, newest first; of configuration NAME only if given (GET /api/v1/rollouts)",
 			run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
 				l, err := c.Rollouts(ctx, x.arg(0))
@@ -168,11 +154,18 @@ func withSpecFlags(m map[string]string) map[string]string {
 	return m
 }
 
-// rolloutRequest is the rollout of configuration x.arg(0) that --to and
-// the spec flags describe (rollout create and rollout plan).
-func (x *apiCall) rolloutRequest() (rollout.Request, error) {
-	req := rollout.Request{Config: x.arg(0), ToRevision: x.integer("to", 0), Spec: x.spec()}
-	return req, x.refused()
+// rolloutRequestCmd is a rollout command (create, plan) that sends the
+// rollout of configuration NAME that --to and the spec flags describe.
+func rolloutRequestCmd(name, summary string, send func(context.Context, *apiclient.Client, rollout.Request) (any, func(io.Writer), error)) apiCmd {
+	return apiCmd{group: "rollout", name: name, args: []string{"NAME"}, summary: summary,
+		flags: withSpecFlags(map[string]string{"to": "revision to roll out (default: the newest)"}),
+		run: func(ctx context.Context, c *apiclient.Client, x *apiCall) (any, func(io.Writer), error) {
+			req := rollout.Request{Config: x.arg(0), ToRevision: x.integer("to", 0), Spec: x.spec()}
+			if err := x.refused(); err != nil {
+				return nil, nil, err
+			}
+			return send(ctx, c, req)
+		}}
 }
 
 // spec is the rollout spec of the flags; absent flags take the defaults.
