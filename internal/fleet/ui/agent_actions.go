@@ -11,16 +11,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// mountAgentActions adds the agent page's actions. They are POST forms;
-// the session cookie is SameSite=Strict and every UI route refuses a
-// cross-origin POST (h.route), so another site cannot submit them.
-func (h *handler) mountAgentActions() {
-	h.route(store.RoleOperator, "POST /ui/agents/{uid}/restart", h.restartAgent)
-	h.route(store.RoleOperator, "POST /ui/agents/{uid}/clear-config", h.clearConfig)
-	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/revoke", h.revokeAgent)
-	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/allow-reenroll", h.allowReenroll)
-}
-
 func (h *handler) allowReenroll(w http.ResponseWriter, r *http.Request) {
 	_, err := h.a.AllowReenroll(r.Context(), r.PathValue("uid"))
 	h.agentDone(w, r, err, "agent "+r.PathValue("uid")+" has no credential", "agent re-enrollment allowed from the UI", "reenroll")

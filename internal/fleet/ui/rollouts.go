@@ -15,19 +15,6 @@ import (
 	"github.com/myriarch/myriarch/internal/godur"
 )
 
-// mountRollouts adds the configuration and rollout pages. Unlike the other
-// pages they also change state (create, pause, resume, abort, roll back),
-// through the same services as the REST API, as the logged-in token.
-func (h *handler) mountRollouts() {
-	h.route(store.RoleViewer, "GET /ui/configs", h.configs)
-	h.route(store.RoleViewer, "GET /ui/configs/{name}", h.config)
-	h.route(store.RoleViewer, "GET /ui/rollouts", h.rollouts)
-	h.route(store.RoleOperator, "POST /ui/rollouts", h.createRollout)
-	h.route(store.RoleOperator, "POST /ui/rollouts/plan", h.planRollout)
-	h.route(store.RoleViewer, "GET /ui/rollouts/{id}", h.rollout)
-	h.route(store.RoleOperator, "POST /ui/rollouts/{id}/{command}", h.rolloutCommand)
-}
-
 // who names the logged-in token (created_by of a rollout).
 func (h *handler) who(r *http.Request) string {
 	return "ui (token " + api.TokenName(r.Context()) + ")"

@@ -2,17 +2,11 @@ package ui
 
 import (
 	"net/http"
-
-	"github.com/myriarch/myriarch/internal/fleet/store"
 )
 
-// mountSoftware adds the agent software page: package sources with their
-// last poll and error, releases and assets, stored blobs, downloads with
-// their progress, and the versions the fleet runs.
-func (h *handler) mountSoftware() {
-	h.route(store.RoleViewer, "GET /ui/software", h.software)
-}
-
+// software is the agent software page: package sources with their last
+// poll and error, releases and assets, stored blobs, downloads with their
+// progress, and the versions the fleet runs.
 func (h *handler) software(w http.ResponseWriter, r *http.Request) {
 	v, err := h.a.Software(r)
 	if err != nil {

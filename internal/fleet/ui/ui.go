@@ -99,9 +99,24 @@ func mount(mux *http.ServeMux, a *api.API) *handler {
 	h.route(store.RoleViewer, "GET /ui/agents", h.agents)
 	h.route(store.RoleViewer, "GET /ui/agents/{uid}", h.agent)
 	h.route(store.RoleViewer, "GET /ui/cluster", h.cluster)
-	h.mountAgentActions()
-	h.mountRollouts()
-	h.mountSoftware()
+	// The agent page's actions are POST forms; the session cookie is
+	// SameSite=Strict and every UI route refuses a cross-origin POST
+	// (h.route), so another site cannot submit them.
+	h.route(store.RoleOperator, "POST /ui/agents/{uid}/restart", h.restartAgent)
+	h.route(store.RoleOperator, "POST /ui/agents/{uid}/clear-config", h.clearConfig)
+	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/revoke", h.revokeAgent)
+	h.route(store.RoleAdmin, "POST /ui/agents/{uid}/allow-reenroll", h.allowReenroll)
+	// The configuration and rollout pages also change state (create,
+	// pause, resume, abort, roll back) through the same services as the
+	// REST API, as the logged-in token.
+	h.route(store.RoleViewer, "GET /ui/configs", h.configs)
+	h.route(store.RoleViewer, "GET /ui/configs/{name}", h.config)
+	h.route(store.RoleViewer, "GET /ui/rollouts", h.rollouts)
+	h.route(store.RoleOperator, "POST /ui/rollouts", h.createRollout)
+	h.route(store.RoleOperator, "POST /ui/rollouts/plan", h.planRollout)
+	h.route(store.RoleViewer, "GET /ui/rollouts/{id}", h.rollout)
+	h.route(store.RoleOperator, "POST /ui/rollouts/{id}/{command}", h.rolloutCommand)
+	h.route(store.RoleViewer, "GET /ui/software", h.software)
 	return h
 }
 
