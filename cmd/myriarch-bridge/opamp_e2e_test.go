@@ -453,14 +453,20 @@ func TestBridgesManagedByMyriarchd(t *testing.T) {
 }
 
 // startMyriarchd runs one myriarchd replica (named replica) on a throwaway
-// PostgreSQL until the end of the test, and returns it with an API token.
-func startMyriarchd(t *testing.T, replica string) (*daemon.Daemon, string) {
+// PostgreSQL until the end of the test, and returns it with an API token;
+// extra settings (key=value pairs) override the test defaults.
+func startMyriarchd(t *testing.T, replica string, extra ...string) (*daemon.Daemon, string) {
 	t.Helper()
 	pg := pgtest.New(t)
-	fc, err := fleetconfig.Load(fleetconfig.Source{Environ: []string{}, Overrides: map[string]string{
+	settings := map[string]string{
 		"database.url": pg.DSN(""), "server.enrollmentSecret": e2eSecret, "ha.replicaId": replica,
 		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "server.shutdownTimeout": "5s",
-		"server.lastSeenFlushInterval": "200ms", "database.maxConns": "8"}})
+		"server.lastSeenFlushInterval": "200ms", "database.maxConns": "8"}
+	for _, kv := range extra {
+		k, v, _ := strings.Cut(kv, "=")
+		settings[k] = v
+	}
+	fc, err := fleetconfig.Load(fleetconfig.Source{Environ: []string{}, Overrides: settings})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,11 +21,8 @@ import (
 
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
-	fleetconfig "github.com/myriarch/myriarch/internal/fleet/config"
-	"github.com/myriarch/myriarch/internal/fleet/daemon"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // maxHandoverGap is the bound of issue 23 on the owner hand-over of a
@@ -90,30 +86,6 @@ func (s *stampSink) missing(n int) []int {
 	return out
 }
 
-// startRolloutMyriarchd is startMyriarchd with a rollout engine that steps
-// every 200 ms (the default 2 s would only slow the test down).
-func startRolloutMyriarchd(t *testing.T) (*daemon.Daemon, string) {
-	t.Helper()
-	pg := pgtest.New(t)
-	fc, err := fleetconfig.Load(fleetconfig.Source{Environ: []string{}, Overrides: map[string]string{
-		"database.url": pg.DSN(""), "server.enrollmentSecret": e2eSecret, "ha.replicaId": "rollout",
-		"server.opampListen": "127.0.0.1:0", "server.httpListen": "127.0.0.1:0", "server.shutdownTimeout": "5s",
-		"server.lastSeenFlushInterval": "200ms", "database.maxConns": "8", "jobs.rolloutInterval": "200ms"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.Start(context.Background(), daemon.Options{Config: fc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "e2e"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Shutdown() })
-	tok, err := d.Store.CreateToken(context.Background(), "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d, tok
-}
-
 // TestStandbysFirstRolloutHandsOverOnceByPlannedStop is the proof of
 // issue 23's HA-aware rollouts: a bridge pair (two myriarch-bridge
 // processes of bridge id "plant" sharing a sqlite lease store, an embedded
@@ -132,7 +104,7 @@ func TestStandbysFirstRolloutHandsOverOnceByPlannedStop(t *testing.T) {
 		t.Skip("starts PostgreSQL, myriarchd and two bridge processes")
 	}
 	ctx := context.Background()
-	d, tok := startRolloutMyriarchd(t)
+	d, tok := startMyriarchd(t, "rollout", "jobs.rolloutInterval=200ms")
 	api := "http://" + d.HTTPAddr().String()
 	call := func(method, path string, body, out any) int {
 		t.Helper()

@@ -11,8 +11,6 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
-	"github.com/myriarch/myriarch/internal/fleet/store"
-	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -39,20 +37,10 @@ func (f *fakeTarget) Step(ctx context.Context, tx pgx.Tx, term, id int64) error 
 // One pass of the engine: every step in a transaction of the job's term,
 // given that term; a failing step does not stop the pass, a stale term does.
 func TestRunStepsOneFencePerStep(t *testing.T) {
-	pg := pgtest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := store.Open(ctx, pg.DSN(""), 4, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	el, stopElector, err := fleettest.Elect(st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); stopElector(); st.Close() }()
+	ctx, _, el := fleettest.LeaderStore(t, 4)
 
 	f := &fakeTarget{ids: []int64{1, 2, 3}, errs: map[int64]error{2: errors.New("boom")}}
-	err = rollout.RunSteps(ctx, el.InTerm, 0, f)
+	err := rollout.RunSteps(ctx, el.InTerm, 0, f)
 	if err == nil || !strings.Contains(err.Error(), "test rollout 2: boom") || errors.Is(err, pgleader.ErrStaleTerm) {
 		t.Fatalf("pass with one failing step: %v", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // bridgeAgent inserts an online agent as the OpAMP server stores a
@@ -50,17 +49,7 @@ func report(t *testing.T, p *pgxpool.Pool, status, hash string, uids ...string) 
 // sends an owner the revision only once a standby of its bridge applied
 // it and is healthy; an owner whose standbys all failed is not sent it.
 func TestStandbysFirstOrderAndOwnerHold(t *testing.T) {
-	pg := pgtest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	el, stopElector, err := fleettest.Elect(st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); stopElector(); st.Close() }()
+	ctx, st, el := fleettest.LeaderStore(t, 8)
 	p := st.Pool
 	bridgeAgent(t, p, "a-owner", "br1", store.RoleOwner)
 	bridgeAgent(t, p, "b-standby", "br1", store.RoleStandby)

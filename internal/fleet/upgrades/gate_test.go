@@ -1,15 +1,12 @@
 package upgrades_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
-	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/upgrades"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // The gate rule of the rollout engine holds for package versions too: a
@@ -17,17 +14,7 @@ import (
 // wave; the failure policy applies and the other agents are never offered
 // the version.
 func TestPackageGateNeedsAnAgentThatHeld(t *testing.T) {
-	pg := pgtest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	el, stopElector, err := fleettest.Elect(st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); stopElector(); st.Close() }()
+	ctx, st, el := fleettest.LeaderStore(t, 8)
 	p := st.Pool
 	exec(t, p, `INSERT INTO package_sources (name, type, source, poll_interval_ms, last_polled_at) VALUES ('otelcol', 'oci', 'r/x', 60000, now())`)
 	exec(t, p, `INSERT INTO package_releases (package, version, published_at, term) VALUES ('otelcol', 'v2.0.0', now(), 1)`)

@@ -11,9 +11,7 @@ import (
 
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
-	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/upgrades"
-	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -67,17 +65,7 @@ func rolloutState(t *testing.T, pool *pgxpool.Pool, id int64) (string, string, i
 // stores them: waves behind the gate, a failed install pausing the
 // rollout, a resume forgiving it, and the operator's abort.
 func TestEngineStepsWavesPauseResumeAndAbort(t *testing.T) {
-	pg := pgtest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := store.Open(ctx, pg.DSN(""), 8, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	el, stopElector, err := fleettest.Elect(st.Pool, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); stopElector(); st.Close() }()
+	ctx, st, el := fleettest.LeaderStore(t, 8)
 	p := st.Pool
 	exec(t, p, `INSERT INTO package_sources (name, type, source, poll_interval_ms, last_polled_at) VALUES ('otelcol', 'oci', 'r/x', 60000, now())`)
 	exec(t, p, `INSERT INTO package_releases (package, version, published_at, term) VALUES ('otelcol', 'v2.0.0', now(), 1)`)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
 // Dir is where Debian installs RabbitMQ's scripts. They run as the calling
@@ -205,10 +207,9 @@ func (n *Node) tail() string {
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := pgtest.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
