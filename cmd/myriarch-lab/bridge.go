@@ -71,10 +71,21 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
 	bridgeBin := fs.String("bridge", "", "the myriarch-bridge binary the lab runs (default: next to this binary, else on PATH)")
 	queue := fs.Int("broker-queue-limit", 0, "declare the broker's per-session queue limit (and --rate as the peak message rate) and show the admission verdict")
+	sessions := fs.Int("sessions", 0, "the scale lab: N exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
+	leaseTTL := fs.Duration("lease-ttl", 0, "the scale lab: lease_ttl of every session (default 6s)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return cli.ExitUsage
+	}
+	rateSet, scenariosSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		rateSet = rateSet || f.Name == "rate"
+		scenariosSet = scenariosSet || f.Name == "scenarios"
+	})
+	if *sessions != 0 && (*sessions < 0 || *sessions > lab.MaxScaleSessions || *runs > 0 || *queue > 0) {
+		fmt.Fprintf(stderr, "--sessions %d: must be between 1 and %d, without --runs or --broker-queue-limit\n", *sessions, lab.MaxScaleSessions)
 		return cli.ExitUsage
 	}
 	if fs.NArg() > 0 || *rate <= 0 || *runs < 0 || *queue < 0 {
@@ -93,7 +104,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	progress := stderr
-	if !*asJSON && *runs == 0 {
+	if !*asJSON && *runs == 0 && *sessions == 0 {
 		fmt.Fprintf(stdout, "Configuration (per instance; each reaches the broker and the lease store through TCP proxies that can cut its path):\n\n%s\n", lab.Config)
 		progress = stdout
 	}
@@ -121,6 +132,18 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		}
 		defer m.Close()
 		brokerURL = m.URL
+	}
+	if *sessions > 0 {
+		var scaleSc []string
+		if scenariosSet {
+			scaleSc = sc
+		}
+		scaleRate := 0
+		if rateSet {
+			scaleRate = *rate
+		}
+		return runScale(ctx, lab.ScaleOptions{Command: labExec, Sessions: *sessions, Store: *store, Broker: brokerURL, Scenarios: scaleSc,
+			Rate: scaleRate, LeaseTTL: *leaseTTL, Dir: *keep, Progress: stderr}, *asJSON, stdout, stderr)
 	}
 	rep, err := lab.Run(ctx, lab.Options{Command: labExec, Rate: *rate, Dir: *keep, Progress: progress,
 		Store: *store, Broker: brokerURL, Scenarios: sc, Runs: *runs, Seed: *seed, QueueLimit: *queue})
@@ -161,6 +184,41 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		}
 		for _, a := range rep.StoreAnomalies {
 			fmt.Fprintln(stdout, "lease store:", a)
+		}
+	}
+	if err != nil || !rep.OK() {
+		return 1
+	}
+	return 0
+}
+
+// runScale runs the scale lab and prints its report: JSON, or a table of
+// one line per number of sessions and scenario.
+func runScale(ctx context.Context, opts lab.ScaleOptions, asJSON bool, stdout, stderr io.Writer) int {
+	rep, err := lab.RunScale(ctx, opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "lab:", err)
+		if rep == nil {
+			return 1
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		fmt.Fprintf(stdout, "store %s, broker %s, load average %s\n", rep.Store, rep.Broker, rep.LoadAvg)
+		tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "sessions\tscenario\tbudget_s\twithin_budget\tall_full_s\tmax_full_s\tsingle_s\trss_kb/session\trenew_cpu_%\tconnects\tstore_ops/s\tpeak_rss_kb\tlost\tdup (bound)\tstale\tpass")
+		for _, r := range append(append([]lab.ScaleResult(nil), rep.Single...), rep.Scenarios...) {
+			fmt.Fprintf(tw, "%d\t%s\t%.1f\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t%d (%d)\t%d\t%t\n", r.Sessions, r.Scenario, r.BudgetS, r.SessionsWithinBudget,
+				r.AllFullS, r.MaxFailureToFullS, r.SingleSessionFullS, r.RSSPerSessionKB, r.RenewCPUPct, r.BrokerConnectAttempts, r.HerdStoreOpsPerS, r.PeakRSSKB, r.Lost, r.Duplicates, r.DuplicateBound, r.StaleDeliveries, r.Pass)
+		}
+		tw.Flush()
+		for _, r := range append(append([]lab.ScaleResult(nil), rep.Single...), rep.Scenarios...) {
+			for _, p := range r.Problems {
+				fmt.Fprintf(stdout, "%d sessions, %s: %s\n", r.Sessions, r.Scenario, p)
+			}
 		}
 	}
 	if err != nil || !rep.OK() {
