@@ -133,7 +133,7 @@ type ScaleResult struct {
 	Problems           []string `json:"problems,omitempty"`
 
 	fault             time.Time
-	seqStart, seqEnd  int
+	seqStart          int
 	oldVersions       map[string]int64
 	successorInstance string
 }
@@ -802,7 +802,6 @@ func (e *scaleEnv) round(ctx context.Context, sc string) (*ScaleResult, error) {
 	if err := e.start(owner); err != nil {
 		return nil, err
 	}
-	res.seqEnd = e.publishedNow()
 	return res, nil
 }
 
@@ -864,14 +863,12 @@ func (e *scaleEnv) judge(rs []ScaleResult) {
 		seen[d.Seq]++
 	}
 	for i := range rs {
-		from, to := rs[i].seqStart, rs[i].seqEnd
+		from, to := rs[i].seqStart, published
 		if i == 0 {
 			from = 0
 		}
 		if i+1 < len(rs) {
 			to = rs[i+1].seqStart
-		} else {
-			to = published
 		}
 		r := &rs[i]
 		for q := from; q < to; q++ {
