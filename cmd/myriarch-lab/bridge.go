@@ -71,8 +71,9 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
 	bridgeBin := fs.String("bridge", "", "the myriarch-bridge binary the lab runs (default: next to this binary, else on PATH)")
 	queue := fs.Int("broker-queue-limit", 0, "declare the broker's per-session queue limit (and --rate as the peak message rate) and show the admission verdict")
-	sessions := fs.Int("sessions", 0, "the scale lab: N exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
+	sessionsFlag := fs.String("sessions", "", "the scale lab: N (or a comma-separated list N1,N2,... run one after another) exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
 	leaseTTL := fs.Duration("lease-ttl", 0, "the scale lab: lease_ttl of every session (default 6s)")
+	svg := fs.String("svg", "", "the scale lab: write the plot of the runs (herd time, memory per session, CPU against sessions) to this SVG file")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -84,8 +85,18 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		rateSet = rateSet || f.Name == "rate"
 		scenariosSet = scenariosSet || f.Name == "scenarios"
 	})
-	if *sessions != 0 && (*sessions < 0 || *sessions > lab.MaxScaleSessions || *runs > 0 || *queue > 0) {
-		fmt.Fprintf(stderr, "--sessions %d: must be between 1 and %d, without --runs or --broker-queue-limit\n", *sessions, lab.MaxScaleSessions)
+	var sessions []int
+	if *sessionsFlag != "" {
+		for f := range strings.SplitSeq(*sessionsFlag, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > lab.MaxScaleSessions || *runs > 0 || *queue > 0 {
+				fmt.Fprintf(stderr, "--sessions %q: must be numbers between 1 and %d, without --runs or --broker-queue-limit\n", *sessionsFlag, lab.MaxScaleSessions)
+				return cli.ExitUsage
+			}
+			sessions = append(sessions, n)
+		}
+	} else if *svg != "" {
+		fmt.Fprintln(stderr, "--svg: only with --sessions")
 		return cli.ExitUsage
 	}
 	if fs.NArg() > 0 || *rate <= 0 || *runs < 0 || *queue < 0 {
@@ -104,7 +115,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	progress := stderr
-	if !*asJSON && *runs == 0 && *sessions == 0 {
+	if !*asJSON && *runs == 0 && len(sessions) == 0 {
 		fmt.Fprintf(stdout, "Configuration (per instance; each reaches the broker and the lease store through TCP proxies that can cut its path):\n\n%s\n", lab.Config)
 		progress = stdout
 	}
@@ -133,7 +144,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		defer m.Close()
 		brokerURL = m.URL
 	}
-	if *sessions > 0 {
+	if len(sessions) > 0 {
 		var scaleSc []string
 		if scenariosSet {
 			scaleSc = sc
@@ -142,8 +153,8 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		if rateSet {
 			scaleRate = *rate
 		}
-		return runScale(ctx, lab.ScaleOptions{Command: labExec, Sessions: *sessions, Store: *store, Broker: brokerURL, Scenarios: scaleSc,
-			Rate: scaleRate, LeaseTTL: *leaseTTL, Dir: *keep, Progress: stderr}, *asJSON, stdout, stderr)
+		return runScale(ctx, lab.ScaleOptions{Command: labExec, Store: *store, Broker: brokerURL, Scenarios: scaleSc,
+			Rate: scaleRate, LeaseTTL: *leaseTTL, Dir: *keep, Progress: stderr}, sessions, *svg, *asJSON, stdout, stderr)
 	}
 	rep, err := lab.Run(ctx, lab.Options{Command: labExec, Rate: *rate, Dir: *keep, Progress: progress,
 		Store: *store, Broker: brokerURL, Scenarios: sc, Runs: *runs, Seed: *seed, QueueLimit: *queue})
@@ -192,36 +203,56 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// runScale runs the scale lab and prints its report: JSON, or a table of
-// one line per number of sessions and scenario.
-func runScale(ctx context.Context, opts lab.ScaleOptions, asJSON bool, stdout, stderr io.Writer) int {
-	rep, err := lab.RunScale(ctx, opts)
-	if err != nil {
-		fmt.Fprintln(stderr, "lab:", err)
-		if rep == nil {
-			return 1
+// runScale runs the scale lab once per number of sessions and prints the
+// reports: JSON (one object, or an array for a list), or the table of
+// docs/bridge.md; svg, when set, receives the plot.
+func runScale(ctx context.Context, opts lab.ScaleOptions, sessions []int, svg string, asJSON bool, stdout, stderr io.Writer) int {
+	var reps []*lab.ScaleReport
+	ok := true
+	for _, n := range sessions {
+		o := opts
+		o.Sessions = n
+		if o.Dir != "" {
+			o.Dir = filepath.Join(o.Dir, fmt.Sprintf("sessions-%d", n))
+		}
+		rep, err := lab.RunScale(ctx, o)
+		if err != nil {
+			fmt.Fprintln(stderr, "lab:", err)
+			ok = false
+		}
+		if rep != nil {
+			reps = append(reps, rep)
+			ok = ok && rep.OK()
+		}
+		if ctx.Err() != nil {
+			break
 		}
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-	} else {
-		fmt.Fprintf(stdout, "store %s, broker %s, load average %s\n", rep.Store, rep.Broker, rep.LoadAvg)
-		tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "sessions\tscenario\tbudget_s\twithin_budget\tall_full_s\tmax_full_s\tsingle_s\trss_kb/session\trenew_cpu_%\tconnects\tstore_ops/s\tpeak_rss_kb\tlost\tdup (bound)\tstale\tpass")
-		for _, r := range append(append([]lab.ScaleResult(nil), rep.Single...), rep.Scenarios...) {
-			fmt.Fprintf(tw, "%d\t%s\t%.1f\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.2f\t%d\t%.0f\t%d\t%d\t%d (%d)\t%d\t%t\n", r.Sessions, r.Scenario, r.BudgetS, r.SessionsWithinBudget,
-				r.AllFullS, r.MaxFailureToFullS, r.SingleSessionFullS, r.RSSPerSessionKB, r.RenewCPUPct, r.BrokerConnectAttempts, r.HerdStoreOpsPerS, r.PeakRSSKB, r.Lost, r.Duplicates, r.DuplicateBound, r.StaleDeliveries, r.Pass)
+		if len(sessions) == 1 && len(reps) == 1 {
+			_ = enc.Encode(reps[0])
+		} else {
+			_ = enc.Encode(reps)
 		}
-		tw.Flush()
-		for _, r := range append(append([]lab.ScaleResult(nil), rep.Single...), rep.Scenarios...) {
-			for _, p := range r.Problems {
-				fmt.Fprintf(stdout, "%d sessions, %s: %s\n", r.Sessions, r.Scenario, p)
+	} else {
+		fmt.Fprint(stdout, lab.ScaleTable(reps))
+		for _, rep := range reps {
+			for _, r := range append(append([]lab.ScaleResult(nil), rep.Single...), rep.Scenarios...) {
+				for _, p := range r.Problems {
+					fmt.Fprintf(stdout, "%d sessions, %s: %s\n", r.Sessions, r.Scenario, p)
+				}
 			}
 		}
 	}
-	if err != nil || !rep.OK() {
+	if svg != "" && len(reps) > 0 {
+		if err := os.WriteFile(svg, []byte(lab.ScaleSVG(reps)), 0o644); err != nil {
+			fmt.Fprintln(stderr, "lab: --svg:", err)
+			ok = false
+		}
+	}
+	if !ok || len(reps) == 0 {
 		return 1
 	}
 	return 0

@@ -85,6 +85,8 @@ func TestScaleLabFlags(t *testing.T) {
 		{"bridge", "--sessions", "-1"},
 		{"bridge", "--sessions", "999999"},
 		{"bridge", "--sessions", "3", "--runs", "2"},
+		{"bridge", "--sessions", "3,x"},
+		{"bridge", "--svg", "plot.svg"},
 	} {
 		var out, errb bytes.Buffer
 		if code := commands.Dispatch(args, &out, &errb); code == 0 || !strings.Contains(errb.String(), "--sessions") {
