@@ -45,7 +45,7 @@ func ScaleSVG(reps []*ScaleReport) string {
 		}
 		return 0
 	})
-	const w, h, pw, ph, left, top = 960, 300, 260, 200, 60, 50
+	const w, h, pw, ph, left, top = 1000, 300, 260, 200, 60, 50
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, h)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
