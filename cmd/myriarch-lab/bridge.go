@@ -71,7 +71,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
 	bridgeBin := fs.String("bridge", "", "the myriarch-bridge binary the lab runs (default: next to this binary, else on PATH)")
 	queue := fs.Int("broker-queue-limit", 0, "declare the broker's per-session queue limit (and --rate as the peak message rate) and show the admission verdict")
-	sessionsFlag := fs.String("sessions", "", "the scale lab: N (or a comma-separated list N1,N2,... run one after another) exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
+	sessionsFlag := fs.String("sessions", "", "the scale lab: N (or a comma-separated list N1,N2,... run one after another) exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at least 20 and at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
 	leaseTTL := fs.Duration("lease-ttl", 0, "the scale lab: lease_ttl of every session (default 6s)")
 	svg := fs.String("svg", "", "the scale lab: write the plot of the runs (herd time, memory per session, CPU against sessions) to this SVG file")
 	if err := fs.Parse(args); err != nil {

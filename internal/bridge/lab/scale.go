@@ -57,7 +57,8 @@ type ScaleOptions struct {
 	// Scenarios: owner_sigkill and/or owner_planned_stop; nil means both.
 	Scenarios []string
 	// Rate is the publisher's messages per second over all sessions
-	// (round robin); 0 means 2 per session, at most 1,000.
+	// (round robin); 0 means 2 per session, at least 20 and at most
+	// 1,000.
 	Rate int
 	// LeaseTTL of every session's route; 0 means 6s (the lab's).
 	LeaseTTL time.Duration
@@ -396,7 +397,9 @@ func runScaleOnce(ctx context.Context, opts ScaleOptions, dir, broker string, st
 
 	rate := opts.Rate
 	if rate <= 0 {
-		rate = min(2*n, 1000)
+		// At least 20 msg/s, so that even a one-session round's few
+		// seconds carry messages to judge.
+		rate = max(20, min(2*n, 1000))
 	}
 	pub, err := embroker.Connect(ctx, brokerURL, "scale-publisher-"+nonce, true, nil)
 	if err != nil {
@@ -790,7 +793,9 @@ func (e *scaleEnv) round(ctx context.Context, sc string) (*ScaleResult, error) {
 		res.SessionsWithinBudget, e.n, res.BudgetS, res.AllFullS, res.MinFailureToFullS, res.MaxFailureToFullS, res.P50FailureToFullS,
 		res.BrokerConnectAttempts, res.HerdStoreOps, res.HerdStoreOpsPerS, res.PeakRSSKB)
 
-	// Let the old owner's exit show, then bring it back as the standby.
+	// Let the successor's deliveries and the old owner's exit show, then
+	// bring it back as the standby.
+	time.Sleep(1500 * time.Millisecond)
 	select {
 	case <-owner.p.exited:
 	case <-time.After(15 * time.Second):
