@@ -71,10 +71,32 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
 	bridgeBin := fs.String("bridge", "", "the myriarch-bridge binary the lab runs (default: next to this binary, else on PATH)")
 	queue := fs.Int("broker-queue-limit", 0, "declare the broker's per-session queue limit (and --rate as the peak message rate) and show the admission verdict")
+	sessionsFlag := fs.String("sessions", "", "the scale lab: N (or a comma-separated list N1,N2,... run one after another) exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at least 20 and at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
+	leaseTTL := fs.Duration("lease-ttl", 0, "the scale lab: lease_ttl of every session (default 6s)")
+	svg := fs.String("svg", "", "the scale lab: write the plot of the runs (herd time, memory per session, CPU against sessions) to this SVG file")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return cli.ExitUsage
+	}
+	rateSet, scenariosSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		rateSet = rateSet || f.Name == "rate"
+		scenariosSet = scenariosSet || f.Name == "scenarios"
+	})
+	var sessions []int
+	if *sessionsFlag != "" {
+		for f := range strings.SplitSeq(*sessionsFlag, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > lab.MaxScaleSessions || *runs > 0 || *queue > 0 {
+				fmt.Fprintf(stderr, "--sessions %q: must be numbers between 1 and %d, without --runs or --broker-queue-limit\n", *sessionsFlag, lab.MaxScaleSessions)
+				return cli.ExitUsage
+			}
+			sessions = append(sessions, n)
+		}
+	} else if *svg != "" {
+		fmt.Fprintln(stderr, "--svg: only with --sessions")
 		return cli.ExitUsage
 	}
 	if fs.NArg() > 0 || *rate <= 0 || *runs < 0 || *queue < 0 {
@@ -93,7 +115,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	progress := stderr
-	if !*asJSON && *runs == 0 {
+	if !*asJSON && *runs == 0 && len(sessions) == 0 {
 		fmt.Fprintf(stdout, "Configuration (per instance; each reaches the broker and the lease store through TCP proxies that can cut its path):\n\n%s\n", lab.Config)
 		progress = stdout
 	}
@@ -121,6 +143,18 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		}
 		defer m.Close()
 		brokerURL = m.URL
+	}
+	if len(sessions) > 0 {
+		var scaleSc []string
+		if scenariosSet {
+			scaleSc = sc
+		}
+		scaleRate := 0
+		if rateSet {
+			scaleRate = *rate
+		}
+		return runScale(ctx, lab.ScaleOptions{Command: labExec, Store: *store, Broker: brokerURL, Scenarios: scaleSc,
+			Rate: scaleRate, LeaseTTL: *leaseTTL, Dir: *keep, Progress: stderr}, sessions, *svg, *asJSON, stdout, stderr)
 	}
 	rep, err := lab.Run(ctx, lab.Options{Command: labExec, Rate: *rate, Dir: *keep, Progress: progress,
 		Store: *store, Broker: brokerURL, Scenarios: sc, Runs: *runs, Seed: *seed, QueueLimit: *queue})
@@ -164,6 +198,61 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err != nil || !rep.OK() {
+		return 1
+	}
+	return 0
+}
+
+// runScale runs the scale lab once per number of sessions and prints the
+// reports: JSON (one object, or an array for a list), or the table of
+// docs/bridge.md; svg, when set, receives the plot.
+func runScale(ctx context.Context, opts lab.ScaleOptions, sessions []int, svg string, asJSON bool, stdout, stderr io.Writer) int {
+	var reps []*lab.ScaleReport
+	ok := true
+	for _, n := range sessions {
+		o := opts
+		o.Sessions = n
+		if o.Dir != "" {
+			o.Dir = filepath.Join(o.Dir, fmt.Sprintf("sessions-%d", n))
+		}
+		rep, err := lab.RunScale(ctx, o)
+		if err != nil {
+			fmt.Fprintln(stderr, "lab:", err)
+			ok = false
+		}
+		if rep != nil {
+			reps = append(reps, rep)
+			ok = ok && rep.OK()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if len(sessions) == 1 && len(reps) == 1 {
+			_ = enc.Encode(reps[0])
+		} else {
+			_ = enc.Encode(reps)
+		}
+	} else {
+		fmt.Fprint(stdout, lab.ScaleTable(reps))
+		for _, rep := range reps {
+			for _, r := range append(append([]lab.ScaleResult(nil), rep.Single...), rep.Scenarios...) {
+				for _, p := range r.Problems {
+					fmt.Fprintf(stdout, "%d sessions, %s: %s\n", r.Sessions, r.Scenario, p)
+				}
+			}
+		}
+	}
+	if svg != "" && len(reps) > 0 {
+		if err := os.WriteFile(svg, []byte(lab.ScaleSVG(reps)), 0o644); err != nil {
+			fmt.Fprintln(stderr, "lab: --svg:", err)
+			ok = false
+		}
+	}
+	if !ok || len(reps) == 0 {
 		return 1
 	}
 	return 0

@@ -667,39 +667,10 @@ func (e *env) start(s *slot) error {
 	if err := os.WriteFile(cfgPath, []byte(r.String()), 0o644); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(e.dir, s.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := startProc(s.name, filepath.Join(e.dir, s.name+".log"), e.starts, e.opts.Command("run", "-c", cfgPath))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "--- start %d at %s\n", e.starts, time.Now().Format(time.RFC3339Nano))
-	logFrom, err := logf.Seek(0, io.SeekCurrent)
-	if err != nil {
-		logf.Close()
-		return err
-	}
-	cmd := e.opts.Command("run", "-c", cfgPath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// A process group of its own: a stopped process in a group that the
-	// kernel finds orphaned (the lab run under nohup, say) is sent SIGCONT
-	// whenever another member exits, which would end a SIGSTOP early.
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Setpgid = true
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return err
-	}
-	p := &proc{name: s.name, cmd: cmd, exited: make(chan struct{}), logPath: logf.Name(), logFrom: logFrom}
-	go func() {
-		_ = cmd.Wait()
-		p.code = cmd.ProcessState.ExitCode()
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			p.code = -int(ws.Signal())
-		}
-		logf.Close()
-		close(p.exited)
-	}()
 	s.p = p
 	return nil
 }
@@ -724,6 +695,44 @@ func (s *slot) close() {
 		_ = s.storePx.Close()
 		s.storePx = nil
 	}
+}
+
+// startProc starts cmd (a bridge process) with its output appended to the
+// log at logPath, in a process group of its own, and watches its exit.
+func startProc(name, logPath string, starts int, cmd *exec.Cmd) (*proc, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(logf, "--- start %d at %s\n", starts, time.Now().Format(time.RFC3339Nano))
+	logFrom, err := logf.Seek(0, io.SeekCurrent)
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A process group of its own: a stopped process in a group that the
+	// kernel finds orphaned (the lab run under nohup, say) is sent SIGCONT
+	// whenever another member exits, which would end a SIGSTOP early.
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd, exited: make(chan struct{}), logPath: logf.Name(), logFrom: logFrom}
+	go func() {
+		_ = cmd.Wait()
+		p.code = cmd.ProcessState.ExitCode()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			p.code = -int(ws.Signal())
+		}
+		logf.Close()
+		close(p.exited)
+	}()
+	return p, nil
 }
 
 func (p *proc) alive() bool {

@@ -1,6 +1,7 @@
 package mqttconn
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -21,6 +22,10 @@ import (
 // body of any other packet is a buffer of c that the next ReadPacket
 // overwrites. ReadPacket is called from one goroutine only.
 func (c *Conn) ReadPacket() (hdr byte, body []byte, err error) {
+	if !c.big && c.read >= bufSize && c.r.Buffered() == 0 {
+		// A busy connection: the large buffer saves system calls.
+		c.r, c.big = bufio.NewReaderSize(c.src, bufSize), true
+	}
 	hdr, err = c.r.ReadByte()
 	if err != nil {
 		return 0, nil, err
@@ -49,6 +54,9 @@ func (c *Conn) ReadPacket() (hdr byte, body []byte, err error) {
 	}
 	if _, err := ioReadFull(c, body); err != nil {
 		return 0, nil, err
+	}
+	if !c.big {
+		c.read += n
 	}
 	return hdr, body, nil
 }

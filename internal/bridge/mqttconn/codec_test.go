@@ -162,3 +162,44 @@ func BenchmarkCodec(b *testing.B) {
 		}
 	})
 }
+
+// A connection starts with a small read buffer and no write buffer, takes
+// the large read buffer once it has read bufSize bytes, and reads every
+// packet intact across the switch (including packets that straddle it).
+func TestReadBufferGrowsWithUse(t *testing.T) {
+	c, w := pipe(t)
+	if c.r.Size() != smallBufSize || cap(c.buf) != 0 || cap(c.spare) != 0 {
+		t.Fatalf("a new connection: read buffer %d, write buffers %d and %d; want %d, 0, 0", c.r.Size(), cap(c.buf), cap(c.spare), smallBufSize)
+	}
+	const n = 600 // 600 × ~300 bytes: well past bufSize
+	go func() {
+		var all []byte
+		for i := range n {
+			all = AppendPublish(all, "a/b", uint16(i+1), 1, false, false, nil, bytes.Repeat([]byte{byte(i)}, 290))
+		}
+		// Writes of odd sizes, so that packets straddle reads.
+		for len(all) > 0 {
+			k := min(len(all), 777)
+			if _, err := w.Write(all[:k]); err != nil {
+				return
+			}
+			all = all[k:]
+		}
+	}()
+	for i := range n {
+		hdr, body, err := c.ReadPacket()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := DecodePublish(hdr, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.PacketID != uint16(i+1) || len(d.Payload) != 290 || d.Payload[0] != byte(i) || d.Payload[289] != byte(i) {
+			t.Fatalf("packet %d: id %d, payload %d bytes starting %d", i, d.PacketID, len(d.Payload), d.Payload[0])
+		}
+	}
+	if !c.big || c.r.Size() != bufSize {
+		t.Fatalf("after %d packets: read buffer %d (big %t), want %d", n, c.r.Size(), c.big, bufSize)
+	}
+}

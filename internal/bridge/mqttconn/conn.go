@@ -115,6 +115,9 @@ func Dial(ctx context.Context, broker string, tlsCfg *tls.Config) (*Conn, error)
 type Conn struct {
 	net.Conn
 	r       *bufio.Reader
+	src     io.Reader // what r reads: the connection, or its raw system calls
+	read    int       // bytes read through ReadPacket while r is small
+	big     bool      // r has bufSize
 	w       io.Writer // the connection, or its raw system calls (raw.go)
 	scratch []byte    // ReadPacket's body of packets other than PUBLISH
 
@@ -131,7 +134,16 @@ type Conn struct {
 	closed  bool
 }
 
-const bufSize = 64 << 10
+// bufSize is the read buffer of a busy connection and the write buffer
+// kept between writes. A connection starts with a read buffer of
+// smallBufSize and no write buffer, and takes the large read buffer once
+// it has read bufSize bytes: one process may hold thousands of sessions
+// (one connection each) that carry a message now and then, and 192 KiB
+// of buffers per connection would be most of their memory.
+const (
+	bufSize      = 64 << 10
+	smallBufSize = 4 << 10
+)
 
 // Wrap wraps c.
 func Wrap(c net.Conn) *Conn {
@@ -141,7 +153,7 @@ func Wrap(c net.Conn) *Conn {
 			rw = raw
 		}
 	}
-	w := &Conn{Conn: c, r: bufio.NewReaderSize(rw, bufSize), w: rw, buf: make([]byte, 0, bufSize), spare: make([]byte, 0, bufSize)}
+	w := &Conn{Conn: c, src: rw, r: bufio.NewReaderSize(rw, smallBufSize), w: rw}
 	w.idle = sync.NewCond(&w.mu)
 	return w
 }
@@ -209,8 +221,6 @@ func (c *Conn) WritePacket(p []byte) error {
 		c.mu.Lock()
 		if cap(b) <= 4*bufSize {
 			c.spare = b[:0]
-		} else {
-			c.spare = make([]byte, 0, bufSize)
 		}
 		if err != nil && c.err == nil {
 			c.err = err
