@@ -297,7 +297,9 @@ func TestReplayRouteMQTT(t *testing.T) {
 	var out bytes.Buffer
 	sum, err := replay.Run(ctx, entries, replay.Options{
 		Dest: replay.Destination{Route: "r1", RouteSenders: []string{"s1"},
-			Rewrite: func(src string) (string, bool) { return "new/" + strings.TrimPrefix(src, "in/"), strings.HasPrefix(src, "in/") }},
+			Rewrite: func(src string) (string, bool) {
+				return "new/" + strings.TrimPrefix(src, "in/"), strings.HasPrefix(src, "in/")
+			}},
 		Senders: map[string]sender.Sender{"s1": snd}, Journal: j, Run: deadletter.NewID(), Out: &out})
 	if err != nil || sum.Sent != 1 || sum.Skipped != 1 {
 		t.Fatalf("%+v %v\n%s", sum, err, out.String())
