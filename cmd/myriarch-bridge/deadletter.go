@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -657,13 +656,10 @@ func senderIDs(cfg *config.Config) string {
 	return strings.Join(ids, ", ")
 }
 
-// userinfo matches the credentials of a URL (scheme://user:password@).
-var userinfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`)
-
 // redact removes credentials from URLs in s (a sender's error may quote
 // its URL) and escapes it for the terminal.
 func redact(s string) string {
-	return clean(userinfo.ReplaceAllString(s, "${1}[redacted]@"))
+	return clean(replay.Redact(s))
 }
 
 // clean escapes what a terminal would act on: control characters

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"time"
 
@@ -152,10 +153,10 @@ func Run(ctx context.Context, entries []deadletter.Entry, o Options) (Summary, e
 		ln.Outcome = deadletter.OutcomeSent
 		switch {
 		case errors.Is(err, ErrUnknownOutcome):
-			ln.Outcome, ln.Error = deadletter.OutcomeUnknown, err.Error()
+			ln.Outcome, ln.Error = deadletter.OutcomeUnknown, Redact(err.Error())
 			sum.Unknown++
 		case err != nil:
-			ln.Outcome, ln.Error = deadletter.OutcomeFailed, err.Error()
+			ln.Outcome, ln.Error = deadletter.OutcomeFailed, Redact(err.Error())
 			sum.Failed++
 			failedTopics[[2]string{ln.Sender, ln.Topic}] = true
 		default:
@@ -264,4 +265,13 @@ func send(ctx context.Context, s sender.Sender, m *sender.Message, timeout time.
 	case <-t.C:
 		return ErrUnknownOutcome
 	}
+}
+
+// userinfo matches the credentials of a URL (scheme://user:password@).
+var userinfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`)
+
+// Redact masks credentials in URLs in s: a sender's error may quote its
+// URL, and the output and the journal are no place for a password.
+func Redact(s string) string {
+	return userinfo.ReplaceAllString(s, "${1}[redacted]@")
 }

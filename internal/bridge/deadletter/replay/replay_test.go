@@ -324,3 +324,15 @@ func TestReplayRouteMQTT(t *testing.T) {
 		t.Fatal("nothing arrived")
 	}
 }
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		`Post "https://user:pa55@host/x": 503`:       `Post "https://[redacted]@host/x": 503`,
+		`dial amqp://guest:guest@127.0.0.1:5672/: x`: `dial amqp://[redacted]@127.0.0.1:5672/: x`,
+		`Post "http://host/x?a=b@c": 503`:            `Post "http://host/x?a=b@c": 503`,
+	} {
+		if got := replay.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
