@@ -213,22 +213,36 @@ func (f *dlFilter) match(e *deadletter.Entry) bool {
 	return true
 }
 
-// readDeadLetters reads path, reporting unreadable lines on stderr; a
-// missing file is no dead letters.
-func readDeadLetters(path string, maxRecord int, stderr io.Writer) ([]deadletter.Entry, bool) {
-	entries, problems, err := deadletter.ReadFile(path, maxRecord)
+// readDeadLetters streams path and keeps the records keep selects (so a
+// large file is not held in memory), reporting unreadable lines on
+// stderr; total counts every record read. A missing file is no dead
+// letters.
+func readDeadLetters(path string, maxRecord int, stderr io.Writer, keep func(*deadletter.Entry) bool) (sel []deadletter.Entry, total int, ok bool) {
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(stderr, "%s: no dead-letter file (nothing was dead-lettered)\n", clean(path))
-		return nil, true
+		return nil, 0, true
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "myriarch-bridge deadletter:", clean(err.Error()))
-		return nil, false
+		return nil, 0, false
 	}
+	defer f.Close()
+	problems, err := deadletter.Scan(f, maxRecord, func(e deadletter.Entry) error {
+		total++
+		if keep(&e) {
+			sel = append(sel, e)
+		}
+		return nil
+	})
 	for _, p := range problems {
 		fmt.Fprintf(stderr, "%s: %s\n", clean(path), clean(p.Error()))
 	}
-	return entries, true
+	if err != nil {
+		fmt.Fprintln(stderr, "myriarch-bridge deadletter:", clean(err.Error()))
+		return nil, total, false
+	}
+	return sel, total, true
 }
 
 // parseSub parses a subcommand's flags (interspersed with positional
@@ -277,15 +291,9 @@ func dlList(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageErr(stderr, "list", err)
 	}
-	entries, ok := readDeadLetters(path, *src.maxRecord, stderr)
+	sel, total, ok := readDeadLetters(path, *src.maxRecord, stderr, f.match)
 	if !ok {
 		return exitDLFailed
-	}
-	var sel []deadletter.Entry
-	for i := range entries {
-		if f.match(&entries[i]) {
-			sel = append(sel, entries[i])
-		}
 	}
 	if *out == "json" {
 		enc := json.NewEncoder(stdout)
@@ -301,7 +309,7 @@ func dlList(args []string, stdout, stderr io.Writer) int {
 			cell(e.Route, 24), cell(e.Sender, 24), cell(e.Topic, 48), e.QoS, len(e.Payload), e.Attempts, cell(e.Reason, 72))
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(stdout, "%d of %d record(s)\n", len(sel), len(entries))
+	fmt.Fprintf(stdout, "%d of %d record(s)\n", len(sel), total)
 	return 0
 }
 
@@ -349,21 +357,22 @@ func dlInspect(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageErr(stderr, "inspect", err)
 	}
-	entries, ok := readDeadLetters(path, *src.maxRecord, stderr)
+	found, _, ok := readDeadLetters(path, *src.maxRecord, stderr, func(e *deadletter.Entry) bool {
+		return (*id != "" && e.ID == *id) || (*line != 0 && e.Line == *line) || (*offset >= 0 && e.Offset == *offset)
+	})
 	if !ok {
 		return exitDLFailed
 	}
-	for _, e := range entries {
-		if (*id != "" && e.ID == *id) || (*line != 0 && e.Line == *line) || (*offset >= 0 && e.Offset == *offset) {
-			if *out == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				_ = enc.Encode(listLine{Record: e.Record, Line: e.Line, Offset: e.Offset})
-			} else {
-				writeInspect(stdout, e, *payload)
-			}
-			return 0
+	if len(found) > 0 {
+		e := found[0] // ids, lines and offsets are unique
+		if *out == "json" {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(listLine{Record: e.Record, Line: e.Line, Offset: e.Offset})
+		} else {
+			writeInspect(stdout, e, *payload)
 		}
+		return 0
 	}
 	fmt.Fprintf(stderr, "myriarch-bridge deadletter inspect: %s: no record with %s\n", clean(path), which(*id, *line, *offset))
 	return exitDLFailed
@@ -523,15 +532,9 @@ func dlReplay(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "note: %s\n", clean(msg))
 	}
 
-	entries, ok := readDeadLetters(path, *src.maxRecord, stderr)
+	sel, _, ok := readDeadLetters(path, *src.maxRecord, stderr, f.match)
 	if !ok {
 		return exitDLFailed
-	}
-	var sel []deadletter.Entry
-	for i := range entries {
-		if f.match(&entries[i]) {
-			sel = append(sel, entries[i])
-		}
 	}
 	jpath := deadletter.JournalPath(path)
 	var journal *deadletter.Journal

@@ -299,3 +299,21 @@ func TestDeadLetterReplayRefusals(t *testing.T) {
 		t.Fatal("a refused replay sent")
 	}
 }
+
+func TestDeadLetterClean(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain/topic é":        "plain/topic é",
+		"a\x1b[2Jb":            `a\x1b[2Jb`,
+		"evil\u202egnp.exe":    `evil\u202egnp.exe`,
+		"bad\xffutf8":          `bad\xffutf8`,
+		"cr\rlf\n":             `cr\x0dlf\x0a`,
+		"tab\tzero\x00del\x7f": `tab\x09zero\x00del\x7f`,
+	} {
+		if got := clean(in); got != want {
+			t.Errorf("clean(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := cleanText("line1\nline2\t\x1b"); got != "line1\nline2\t\\x1b" {
+		t.Errorf("cleanText: %q", got)
+	}
+}
