@@ -364,7 +364,7 @@ func dlInspect(args []string, stdout, stderr io.Writer) int {
 		return exitDLFailed
 	}
 	if len(found) > 0 {
-		e := found[0] // ids, lines and offsets are unique
+		e := found[0] // the first match: lines and offsets are unique, written ids too
 		if *out == "json" {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
