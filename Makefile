@@ -96,6 +96,7 @@ fuzz:
 	$(GO) test ./internal/disclose -run '^$$' -fuzz FuzzBridgeBudgetFlags -fuzztime $(FUZZTIME)
 	$(GO) test ./failover -run '^$$' -fuzz FuzzParseBrokerHealthStepDown -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/bridge/sender/amqp/routingkey -run '^$$' -fuzz FuzzTemplate -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/bridge/deadletter -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 
 # Container images of both daemons without a Docker daemon: static binaries
 # on an empty base, non-root, OCI labels; docker-archive tarballs in dist/

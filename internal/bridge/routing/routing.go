@@ -20,12 +20,10 @@ package routing
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +31,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/myriarch/myriarch/internal/bridge/deadletter"
 	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/metrics"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
@@ -745,65 +744,12 @@ func (d *Dispatcher) Handle(m *transport.Message, ack func()) {
 	}
 }
 
-// DeadLetter is the dead-letter file: one JSON object per line.
-type DeadLetter struct {
-	mu   sync.Mutex
-	path string
-	f    *os.File
-}
+// DeadLetter is the dead-letter file; package deadletter owns its format,
+// and the routes are its only writer.
+type DeadLetter = deadletter.Writer
 
 // DeadLetterEntry is one line of the dead-letter file.
-type DeadLetterEntry struct {
-	Time        time.Time `json:"time"`
-	Route       string    `json:"route"`
-	Sender      string    `json:"sender"`
-	Topic       string    `json:"topic"`
-	SourceTopic string    `json:"source_topic"`
-	QoS         byte      `json:"qos"`
-	Payload     []byte    `json:"payload"`
-	Attempts    int       `json:"attempts"`
-	Reason      string    `json:"reason"`
-}
+type DeadLetterEntry = deadletter.Record
 
 // OpenDeadLetter opens (lazily creating) the dead-letter file at path.
-func OpenDeadLetter(path string) *DeadLetter { return &DeadLetter{path: path} }
-
-// Write appends an entry and syncs the file; a nil DeadLetter refuses.
-func (d *DeadLetter) Write(route, senderID string, m *sender.Message, reason string, attempts int) error {
-	if d == nil {
-		return errors.New("no dead-letter file configured")
-	}
-	b, err := json.Marshal(DeadLetterEntry{Time: time.Now().UTC(), Route: route, Sender: senderID, Topic: m.Topic,
-		SourceTopic: m.SourceTopic, QoS: m.QoS, Payload: m.Payload, Attempts: attempts, Reason: reason})
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.f == nil {
-		f, err := os.OpenFile(d.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
-		if err != nil {
-			return err
-		}
-		d.f = f
-	}
-	if _, err := d.f.Write(append(b, '\n')); err != nil {
-		return err
-	}
-	return d.f.Sync()
-}
-
-// Close closes the file.
-func (d *DeadLetter) Close() error {
-	if d == nil {
-		return nil
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.f == nil {
-		return nil
-	}
-	err := d.f.Close()
-	d.f = nil
-	return err
-}
+func OpenDeadLetter(path string) *DeadLetter { return deadletter.Open(path) }
