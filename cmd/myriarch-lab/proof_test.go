@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/myriarch/myriarch/internal/bridge/lab"
+	"github.com/myriarch/myriarch/internal/pgtest"
+	"github.com/myriarch/myriarch/internal/proof"
+)
+
+// TestProofSmoke runs `make proof SIZE=smoke` as CI does (a fixed seed,
+// so that every CI run replays the same rounds): the real myriarch-lab
+// and myriarch-bridge binaries, 24 bridge rounds on sqlite, PostgreSQL
+// and etcd behind the embedded broker and mosquitto, and 8 rounds of
+// myriarchd's leader. The last line must report no two-owner round, no
+// stale delivery, no loss and nothing over budget, and the report
+// directory must hold one line per round, the page and its plots. A rerun
+// on the same directory continues: nothing is left to run, and it prints
+// the same line.
+func TestProofSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a smoke proof campaign (~2 minutes)")
+	}
+	_, err := pgtest.BinDir()
+	need(t, "PostgreSQL", err)
+	_, err = lab.MosquittoPath()
+	need(t, "mosquitto", err)
+	bin, err := bridgeBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labBin := filepath.Join(t.TempDir(), "myriarch-lab")
+	if out, err := exec.Command("go", "build", "-o", labBin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	dir := filepath.Join(t.TempDir(), "report")
+	run := func() (proof.Final, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+		defer cancel()
+		var out, errb bytes.Buffer
+		cmd := exec.CommandContext(ctx, labBin, "proof", "--size", "smoke", "--seed", "1", "--dir", dir, "--bridge", bin)
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		var fin proof.Final
+		if jerr := json.Unmarshal([]byte(lines[len(lines)-1]), &fin); jerr != nil {
+			t.Fatalf("exit %v; the last line is not the campaign's JSON: %v\n%s\n%s", err, jerr, out.String(), errb.String())
+		}
+		if err != nil {
+			t.Errorf("exit %v: %s\n%s", err, lines[len(lines)-1], errb.String())
+		}
+		return fin, errb.String()
+	}
+	start := time.Now()
+	fin, _ := run()
+	t.Logf("smoke campaign: %+v in %v", fin, time.Since(start).Round(time.Second))
+	sz := proof.Sizes["smoke"]
+	planned := 3*sz.BridgePerStore + sz.Leader
+	if fin.Planned != planned || fin.Rounds+fin.Skipped != planned || fin.Failed != 0 || fin.TwoOwnerRounds != 0 ||
+		fin.StaleDeliveries != 0 || fin.Lost != 0 || fin.OverBudget != 0 {
+		t.Errorf("final line %+v; want %d rounds, none failed, no two owners, no stale delivery, no loss, none over budget", fin, planned)
+	}
+	if want := []string{"sqlite", "postgres", "etcd", proof.StoreLeader}; !slices.Equal(fin.Stores, want) {
+		t.Errorf("stores %q, want %q", fin.Stores, want)
+	}
+	recs, err := proof.ReadRounds(dir)
+	if err != nil || len(recs) != planned {
+		t.Fatalf("rounds.jsonl: %d records (%v), want %d", len(recs), err, planned)
+	}
+	brokers := map[string]bool{}
+	for _, r := range recs {
+		brokers[r.Broker] = true
+		if r.Verdict == proof.Pass && (r.FailureToFullS <= 0 || r.BudgetS <= 0 || r.FailureToFullS > r.BudgetS) {
+			t.Errorf("seed %d: failure-to-full %.3fs, budget %.3fs", r.Seed, r.FailureToFullS, r.BudgetS)
+		}
+		if r.Kind == proof.KindBridge && r.Verdict == proof.Pass && (r.Published == 0 || r.NewLeaseVersion <= r.OldLeaseVersion) {
+			t.Errorf("seed %d: published %d, lease version %d → %d", r.Seed, r.Published, r.OldLeaseVersion, r.NewLeaseVersion)
+		}
+	}
+	if !brokers[proof.BrokerEmbedded] || !brokers[proof.BrokerMosquitto] {
+		t.Errorf("brokers %v, want both", brokers)
+	}
+	for _, f := range []string{"index.html", "summary.json", "failure-to-full.svg", "duplicates.svg", "histogram-postgres.svg"} {
+		if fi, err := os.Stat(filepath.Join(dir, f)); err != nil || fi.Size() == 0 {
+			t.Errorf("report %s: %v", f, err)
+		}
+	}
+
+	again, progress := run()
+	if !strings.Contains(progress, "continuing") || again.Rounds != fin.Rounds || again.Failed != fin.Failed {
+		t.Errorf("rerun on the same directory: %+v\n%s", again, progress)
+	}
+}
