@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,8 +54,10 @@ func runBatch(ctx context.Context, dir string, b Batch, o Options) ([]Record, er
 		return nil, err
 	}
 	keep := false
+	load := Load1()
 	for i := range recs {
 		recs[i].BatchDurationS = round3(time.Since(start).Seconds())
+		recs[i].Load1 = load
 		if recs[i].Verdict != Pass && recs[i].Verdict != Skipped {
 			keep = true
 		}
@@ -103,6 +106,17 @@ func pruneData(work string) {
 }
 
 func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+// Load1 is the 1-minute load average (/proc/loadavg), 0 where unknown.
+func Load1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f, _, _ := strings.Cut(string(b), " ")
+	v, _ := strconv.ParseFloat(f, 64)
+	return v
+}
 
 func faultsOf(sc string) []string { return strings.Split(sc, "+") }
 

@@ -69,29 +69,33 @@ type Record struct {
 	// DelayS: stable pair → fault; SecondS and BlipS: when the second
 	// fault of an overlapping scenario starts after the first and how
 	// long it lasts.
-	DelayS          float64 `json:"delay_s"`
-	SecondS         float64 `json:"second_s,omitempty"`
-	BlipS           float64 `json:"blip_s,omitempty"`
-	FailureToFullS  float64 `json:"failure_to_full_s"`
-	FirstDeliveryS  float64 `json:"first_delivery_s,omitempty"`
-	BudgetS         float64 `json:"budget_s"`
-	OverBudget      bool    `json:"over_budget"`
-	Published       int     `json:"published"`
-	PredictedLoss   int     `json:"predicted_loss"`
-	Lost            int     `json:"lost"`
-	Duplicates      int     `json:"duplicates"`
-	DuplicateBound  int     `json:"duplicate_bound"`
-	Stale           int     `json:"stale"`
-	TwoOwners       bool    `json:"two_owners"`
-	StoreAnomalies  int     `json:"store_anomalies,omitempty"`
-	OldOwnerStopS   float64 `json:"old_owner_stopped_s,omitempty"`
-	StaleRejected   int     `json:"stale_writes_rejected,omitempty"`
-	Restarts        int     `json:"restarts,omitempty"`
-	Verdict         string  `json:"verdict"`
-	Cause           string  `json:"cause,omitempty"`
-	LogDir          string  `json:"log_dir,omitempty"`
-	At              string  `json:"at"`
-	BatchDurationS  float64 `json:"batch_duration_s"`
+	DelayS         float64 `json:"delay_s"`
+	SecondS        float64 `json:"second_s,omitempty"`
+	BlipS          float64 `json:"blip_s,omitempty"`
+	FailureToFullS float64 `json:"failure_to_full_s"`
+	FirstDeliveryS float64 `json:"first_delivery_s,omitempty"`
+	BudgetS        float64 `json:"budget_s"`
+	OverBudget     bool    `json:"over_budget"`
+	Published      int     `json:"published"`
+	PredictedLoss  int     `json:"predicted_loss"`
+	Lost           int     `json:"lost"`
+	Duplicates     int     `json:"duplicates"`
+	DuplicateBound int     `json:"duplicate_bound"`
+	Stale          int     `json:"stale"`
+	TwoOwners      bool    `json:"two_owners"`
+	StoreAnomalies int     `json:"store_anomalies,omitempty"`
+	OldOwnerStopS  float64 `json:"old_owner_stopped_s,omitempty"`
+	StaleRejected  int     `json:"stale_writes_rejected,omitempty"`
+	Restarts       int     `json:"restarts,omitempty"`
+	Verdict        string  `json:"verdict"`
+	Cause          string  `json:"cause,omitempty"`
+	LogDir         string  `json:"log_dir,omitempty"`
+	At             string  `json:"at"`
+	BatchDurationS float64 `json:"batch_duration_s"`
+	// Load1 is the host's 1-minute load average when the batch ended:
+	// a starved host (load far above its cores) misses deadlines that a
+	// quiet one meets.
+	Load1           float64 `json:"load1"`
 	OldLeaseVersion int64   `json:"old_version,omitempty"`
 	NewLeaseVersion int64   `json:"new_version,omitempty"`
 }

@@ -50,6 +50,10 @@ type Summary struct {
 	Stores    []StoreStat    `json:"stores"`
 	Scenarios []ScenarioStat `json:"scenarios"`
 	Slowest   []Record       `json:"slowest"`
+	// Load1P50 and Load1Max are the host's 1-minute load average over
+	// the batches (each batch's at its end).
+	Load1P50 float64 `json:"load1_p50"`
+	Load1Max float64 `json:"load1_max"`
 	Failed    []Record       `json:"failed"`
 }
 
@@ -72,7 +76,9 @@ func buildSummary(c Campaign, recs []Record, fin Final) Summary {
 	bySc := map[key]*ScenarioStat{}
 	ftfSc := map[key][]float64{}
 	var ran []Record
+	var loads []float64
 	for _, r := range recs {
+		loads = append(loads, r.Load1)
 		if r.Verdict == Skipped {
 			continue
 		}
@@ -139,6 +145,7 @@ func buildSummary(c Campaign, recs []Record, fin Final) Summary {
 		}
 		return a.Scenario < b.Scenario
 	})
+	sum.Load1P50, sum.Load1Max = quantile(loads, 0.5), quantile(loads, 1)
 	sort.SliceStable(ran, func(i, j int) bool { return ratio(ran[i]) > ratio(ran[j]) })
 	sum.Slowest = ran[:min(20, len(ran))]
 	return sum
@@ -190,11 +197,11 @@ var page = template.Must(template.New("index").Funcs(template.FuncMap{
 <html lang="en"><head><meta charset="utf-8"><title>Myriarch proof campaign</title>
 <style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}th{background:#f3f3f3}code{font-size:12px}.fail{color:#b00}img{max-width:100%;border:1px solid #eee;margin:.5em 0}</style></head><body>
 <h1>Proof campaign</h1>
-<p>Seed {{.S.Campaign.Seed}}, size {{.S.Campaign.Size.Name}}, stores {{.S.Campaign.Stores}}, leader rounds {{.S.Campaign.Leader}}, started {{.S.Campaign.Started.Format "2006-01-02 15:04 MST"}}{{with .S.Campaign.Revision}}, revision {{.}}{{end}}. {{.S.Final.Rounds}} of {{.S.Campaign.Rounds}} planned rounds recorded.</p>
+<p>Seed {{.S.Campaign.Seed}}, size {{.S.Campaign.Size.Name}}, stores {{.S.Campaign.Stores}}, leader rounds {{.S.Campaign.Leader}}, started {{.S.Campaign.Started.Format "2006-01-02 15:04 MST"}}{{with .S.Campaign.Revision}}, revision {{.}}{{end}}. {{.S.Final.Rounds}} of {{.S.Campaign.Rounds}} planned rounds recorded. Host load (1-minute average at each batch's end): median {{printf "%.1f" .S.Load1P50}}, max {{printf "%.1f" .S.Load1Max}}.</p>
 <pre>{{.Final}}</pre>
 <h2>Failed rounds ({{len .S.Failed}})</h2>
-{{if .S.Failed}}<table><tr><th>seed</th><th>store</th><th>broker</th><th>scenario</th><th>verdict</th><th>cause</th><th>logs</th></tr>
-{{range .S.Failed}}<tr><td><code>{{.Seed}}</code></td><td>{{.Store}}</td><td>{{.Broker}}</td><td>{{.Scenario}}</td><td class="fail">{{.Verdict}}</td><td>{{.Cause}}</td><td>{{with .LogDir}}<a href="{{.}}/">{{.}}</a>{{end}}</td></tr>
+{{if .S.Failed}}<table><tr><th>seed</th><th>store</th><th>broker</th><th>scenario</th><th>verdict</th><th>load</th><th>cause</th><th>logs</th></tr>
+{{range .S.Failed}}<tr><td><code>{{.Seed}}</code></td><td>{{.Store}}</td><td>{{.Broker}}</td><td>{{.Scenario}}</td><td class="fail">{{.Verdict}}</td><td>{{printf "%.1f" .Load1}}</td><td>{{.Cause}}</td><td>{{with .LogDir}}<a href="{{.}}/">{{.}}</a>{{end}}</td></tr>
 {{end}}</table><p>Rerun one: <code>myriarch-lab proof --replay SEED --dir DIR</code>.</p>{{else}}<p>None.</p>{{end}}
 <h2>Stores</h2>
 <table><tr><th>store</th><th>rounds</th><th>passed</th><th>failed</th><th>known limit</th><th>published</th><th>lost</th><th>duplicates (max/round)</th><th>stale</th><th>two owners</th><th>over budget</th><th>failure-to-full p50 / max (s)</th></tr>
