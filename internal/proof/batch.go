@@ -160,7 +160,7 @@ func runBridge(ctx context.Context, work string, b Batch, specs []Spec, o Option
 		rec := Record{Seed: s.Seed, Kind: KindBridge, Batch: b.Index, Round: r.Round, Store: s.Store, Broker: s.Broker, Rate: s.Rate,
 			Scenario: s.Scenario, Faults: faultsOf(s.Scenario), DelayS: round3(s.Delay.Seconds()),
 			FailureToFullS: round3(r.FailureToFullS), FirstDeliveryS: round3(r.FaultToFirstDeliveryS), BudgetS: r.BudgetS,
-			OverBudget: !r.WithinBudget, Published: r.MessagesPublished, Lost: r.Lost, Duplicates: r.Duplicates,
+			OverBudget: !r.WithinBudget, Published: r.MessagesPublished, Lost: r.Lost, LostIDs: r.LostIDs, Duplicates: r.Duplicates,
 			DuplicateBound: r.DuplicateBound, Stale: r.StaleDeliveries, TwoOwners: r.TwoOwners || len(rep.StoreAnomalies) > 0,
 			StoreAnomalies: len(rep.StoreAnomalies), Restarts: r.Restarts, At: r.FaultAt().UTC().Format(time.RFC3339),
 			OldLeaseVersion: r.OldVersion, NewLeaseVersion: r.NewVersion}

@@ -79,6 +79,8 @@ type Record struct {
 	Published      int     `json:"published"`
 	PredictedLoss  int     `json:"predicted_loss"`
 	Lost           int     `json:"lost"`
+	// LostIDs are up to 20 of the lost sequence numbers.
+	LostIDs        []int   `json:"lost_ids,omitempty"`
 	Duplicates     int     `json:"duplicates"`
 	DuplicateBound int     `json:"duplicate_bound"`
 	Stale          int     `json:"stale"`

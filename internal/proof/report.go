@@ -52,9 +52,9 @@ type Summary struct {
 	Slowest   []Record       `json:"slowest"`
 	// Load1P50 and Load1Max are the host's 1-minute load average over
 	// the batches (each batch's at its end).
-	Load1P50 float64 `json:"load1_p50"`
-	Load1Max float64 `json:"load1_max"`
-	Failed    []Record       `json:"failed"`
+	Load1P50 float64  `json:"load1_p50"`
+	Load1Max float64  `json:"load1_max"`
+	Failed   []Record `json:"failed"`
 }
 
 func quantile(v []float64, q float64) float64 {

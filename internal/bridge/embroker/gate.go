@@ -15,7 +15,7 @@ import (
 // between is queued on the old object after the clone and cleared with it:
 // the lab measured two such losses per takeover at 200 msg/s. The gate
 // holds new publishes while a takeover runs and lets it wait for the ones
-// already being distributed, each wait capped at a second so that a
+// already being distributed, each wait capped (gateLimit) so that a
 // publish path that skips a hook cannot wedge the broker.
 //
 // Publishes in progress are counted per publishing client, and a client's
@@ -43,7 +43,18 @@ func (g *takeoverGate) Provides(b byte) bool {
 		b == mochi.OnDisconnect
 }
 
-const gateLimit = time.Second
+// gateLimit caps both waits: a takeover's for the publishes in progress,
+// and a publish's for a takeover to finish. It was 1s; on the loaded
+// 2-core lab host (load averages of 30 to 60) a publish between OnPublish
+// and OnPublished, or a takeover between OnSessionEstablish and its
+// CONNACK, outlasted that, the takeover proceeded ("publishes still in
+// progress after the limit") and raced the publishes: the proof campaign
+// lost 1 to 6 messages in exactly the rounds that logged it, which is
+// also what the PostgreSQL round that lost one message showed (a connect
+// after a lease win that took 1.75s: the gate's full wait). A count can
+// no longer leak for longer than the publisher's connection, so a longer
+// cap costs a takeover nothing unless publishes are really in progress.
+const gateLimit = 10 * time.Second
 
 func (g *takeoverGate) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
 	deadline := time.Now().Add(gateLimit)
