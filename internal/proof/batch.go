@@ -43,15 +43,25 @@ func runBatch(ctx context.Context, dir string, b Batch, o Options) ([]Record, er
 		specs[i] = s
 	}
 	start := time.Now()
+	// A lab run that ends early (a pair that does not stabilize) leaves
+	// the rest of the batch to a fresh set-up in the same directory.
 	var recs []Record
-	var err error
-	if specs[0].Kind == KindLeader {
-		recs, err = runLeader(ctx, work, b, specs, o)
-	} else {
-		recs, err = runBridge(ctx, work, b, specs, o)
-	}
-	if err != nil {
-		return nil, err
+	for len(recs) < len(specs) {
+		part := specs[len(recs):]
+		var rs []Record
+		var err error
+		if part[0].Kind == KindLeader {
+			rs, err = runLeader(ctx, work, b, part, o)
+		} else {
+			rs, err = runBridge(ctx, work, b, part, o)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(rs) == 0 {
+			break
+		}
+		recs = append(recs, rs...)
 	}
 	keep := false
 	load := Load1()
@@ -105,6 +115,9 @@ func pruneData(work string) {
 	})
 }
 
+// roundOf is a round's index in its batch, from its seed.
+func roundOf(seed int64) int { return int(seed & (1<<roundBits - 1)) }
+
 func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
 
 // Load1 is the 1-minute load average (/proc/loadavg), 0 where unknown.
@@ -123,7 +136,7 @@ func faultsOf(sc string) []string { return strings.Split(sc, "+") }
 // runBridge runs a bridge batch: one lab.Run with a plan of its rounds.
 func runBridge(ctx context.Context, work string, b Batch, specs []Spec, o Options) ([]Record, error) {
 	s0 := specs[0]
-	logf, err := os.Create(filepath.Join(work, "lab.log"))
+	logf, err := os.OpenFile(filepath.Join(work, "lab.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +170,7 @@ func runBridge(ctx context.Context, work string, b Batch, specs []Spec, o Option
 	var recs []Record
 	for _, r := range rep.Scenarios {
 		s := specs[r.Round]
-		rec := Record{Seed: s.Seed, Kind: KindBridge, Batch: b.Index, Round: r.Round, Store: s.Store, Broker: s.Broker, Rate: s.Rate,
+		rec := Record{Seed: s.Seed, Kind: KindBridge, Batch: b.Index, Round: roundOf(s.Seed), Store: s.Store, Broker: s.Broker, Rate: s.Rate,
 			Scenario: s.Scenario, Faults: faultsOf(s.Scenario), DelayS: round3(s.Delay.Seconds()),
 			FailureToFullS: round3(r.FailureToFullS), FirstDeliveryS: round3(r.FaultToFirstDeliveryS), BudgetS: r.BudgetS,
 			OverBudget: !r.WithinBudget, Published: r.MessagesPublished, Lost: r.Lost, LostIDs: r.LostIDs, Duplicates: r.Duplicates,
@@ -191,7 +204,7 @@ func runBridge(ctx context.Context, work string, b Batch, specs []Spec, o Option
 		// The round that could not finish is a failed round; the rest of
 		// the batch did not run.
 		s := specs[len(recs)]
-		recs = append(recs, Record{Seed: s.Seed, Kind: KindBridge, Batch: b.Index, Round: len(recs), Store: s.Store, Broker: s.Broker,
+		recs = append(recs, Record{Seed: s.Seed, Kind: KindBridge, Batch: b.Index, Round: roundOf(s.Seed), Store: s.Store, Broker: s.Broker,
 			Rate: s.Rate, Scenario: s.Scenario, Faults: faultsOf(s.Scenario), DelayS: round3(s.Delay.Seconds()), Verdict: Fail,
 			Cause: "lab: " + runErr.Error(), At: time.Now().UTC().Format(time.RFC3339)})
 	}
@@ -215,18 +228,18 @@ func knownSQLiteFrozenWriter(r Record, problems []string) bool {
 
 func setupFailed(b Batch, specs []Spec, cause string) []Record {
 	s := specs[0]
-	return []Record{{Seed: s.Seed, Kind: s.Kind, Batch: b.Index, Store: s.Store, Broker: s.Broker, Rate: s.Rate, Scenario: s.Scenario,
+	return []Record{{Seed: s.Seed, Kind: s.Kind, Batch: b.Index, Round: roundOf(s.Seed), Store: s.Store, Broker: s.Broker, Rate: s.Rate, Scenario: s.Scenario,
 		Faults: faultsOf(s.Scenario), Verdict: Fail, Cause: "set-up: " + cause, At: time.Now().UTC().Format(time.RFC3339)}}
 }
 
 // runLeader runs a leader batch on one throwaway PostgreSQL.
 func runLeader(ctx context.Context, work string, b Batch, specs []Spec, o Options) ([]Record, error) {
-	logf, err := os.Create(filepath.Join(work, "lab.log"))
+	logf, err := os.OpenFile(filepath.Join(work, "lab.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	replicas, err := os.Create(filepath.Join(work, "replicas.log"))
+	replicas, err := os.OpenFile(filepath.Join(work, "replicas.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +282,7 @@ func runLeader(ctx context.Context, work string, b Batch, specs []Spec, o Option
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		rec := Record{Seed: s.Seed, Kind: KindLeader, Batch: b.Index, Round: i, Store: StoreLeader, Scenario: s.Scenario,
+		rec := Record{Seed: s.Seed, Kind: KindLeader, Batch: b.Index, Round: roundOf(s.Seed), Store: StoreLeader, Scenario: s.Scenario,
 			Faults: []string{s.Scenario}, DelayS: round3(s.Delay.Seconds()), FailureToFullS: r.MeasuredFailoverS, BudgetS: r.BoundS,
 			Stale: r.StaleWritesCommitted, TwoOwners: r.OverlapDetected, StaleRejected: r.StaleWritesRejected,
 			At: time.Now().UTC().Format(time.RFC3339), Verdict: Pass}
