@@ -2,7 +2,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: demo test tidy vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent image helm
+.PHONY: demo test tidy vet staticcheck unit docs fuzz build budgets bench failover-lab otel-agent image helm proof
 
 # The main job: two bridge processes, an embedded broker and sink, a steady
 # QoS 1 publisher; kill the owner, then cut the owner's broker path, and
@@ -32,6 +32,21 @@ budgets:
 # (the network-namespace scenario needs root).
 failover-lab:
 	$(GO) run ./cmd/myriarch-lab leader
+
+# A proof campaign (docs/proof.md): seeded, randomized failover rounds of
+# the bridge on sqlite, PostgreSQL and etcd (embedded broker and mosquitto)
+# and of myriarchd's leader, each judged on its whole history. SIZE=smoke
+# (~3 minutes), medium (~30 minutes), full (>= 1000 rounds per store and
+# 1000 leader rounds, <= 6 hours on 2 cores). Rerun with the same SIZE
+# (PROOF_DIR) to continue a stopped campaign. The last line of output is
+# the campaign's JSON; the report is PROOF_DIR/index.html. PROOF adds
+# flags, e.g. PROOF="--parallel 8 --seed 42".
+SIZE ?= smoke
+PROOF_DIR ?= proof-$(SIZE)
+PROOF ?=
+proof:
+	@$(GO) build -o bin/ ./cmd/myriarch-bridge ./cmd/myriarch-lab
+	@bin/myriarch-lab proof --size $(SIZE) --dir $(PROOF_DIR) $(PROOF)
 
 # MQTT→MQTT in one run (needs mosquitto): direct, mosquitto's own bridge,
 # myriarch-bridge on an ephemeral and on an exclusive session; prints the

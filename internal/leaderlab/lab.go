@@ -93,6 +93,9 @@ type Options struct {
 	// RequireNetns makes network-drop fail instead of reporting Skipped
 	// when namespaces cannot be created.
 	RequireNetns bool
+	// Jitter, when set, replaces the random part of the follower's settle
+	// time before a fault (within [0, max)): a seeded campaign's timing.
+	Jitter func(max time.Duration) time.Duration
 }
 
 // Lab holds the loopback cluster shared by the scenarios that need no
@@ -241,7 +244,11 @@ func (l *Lab) pair(ctx context.Context, wrapA, wrapB []string, specA, specB Repl
 	// Let a write for a while and b settle into its follower loop; the
 	// random part makes the fault fall at a random point of b's retry
 	// cycle, so the handover times are a fair sample.
-	time.Sleep(l.k.FollowerRetryMax + rand.N(l.k.FollowerRetryMax))
+	jitter := rand.N(l.k.FollowerRetryMax)
+	if l.opts.Jitter != nil {
+		jitter = l.opts.Jitter(l.k.FollowerRetryMax)
+	}
+	time.Sleep(l.k.FollowerRetryMax + jitter)
 	if len(a.eventsSince("write", time.Time{})) == 0 {
 		a.kill()
 		b.kill()

@@ -125,6 +125,9 @@ type Options struct {
 	// A refusal is reported; the bridges then run without the declaration
 	// so that the loss it predicts can be seen.
 	QueueLimit int
+	// Plan, when set, is the exact list of rounds (scenario, timing), and
+	// may name ExtraScenarios; Scenarios and Runs are then ignored.
+	Plan []Planned
 }
 
 // Result is one round.
@@ -410,6 +413,7 @@ type env struct {
 	cfg    *config.Config
 	slots  [2]*slot
 	starts int
+	extra  extraFaults
 
 	pubMu     sync.Mutex
 	published int
@@ -431,8 +435,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if opts.Scenarios == nil {
 		opts.Scenarios = DemoScenarios
 	}
-	for _, sc := range opts.Scenarios {
-		if !slices.Contains(AllScenarios, sc) {
+	for _, sc := range append(slices.Clone(opts.Scenarios), planScenarios(opts.Plan)...) {
+		if !slices.Contains(AllScenarios, sc) && !slices.Contains(ExtraScenarios, sc) {
 			return nil, fmt.Errorf("scenario %q: must be one of %s", sc, strings.Join(AllScenarios, ", "))
 		}
 	}
@@ -449,6 +453,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	e := &env{opts: opts, dir: dir, nonce: strconv.FormatInt(time.Now().UnixNano()%1e9, 36), sink: nil, hist: &history{}}
 	e.sink = newSink(e.nonce)
+	defer e.extra.stop()
 	rep := &Report{Store: opts.Store, Broker: "embedded", Seed: opts.Seed}
 
 	// The broker.
@@ -496,7 +501,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 		scen = append(scen, sc)
 	}
-	if len(scen) == 0 {
+	if len(scen) == 0 && len(opts.Plan) == 0 {
 		return rep, errors.New("no scenario this store can run")
 	}
 
@@ -573,13 +578,21 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if opts.Runs > 0 {
 		n = opts.Runs
 	}
+	if len(opts.Plan) > 0 {
+		n = len(opts.Plan)
+	}
 	var roundErr error
 	for i := range n {
-		sc := scen[i%len(scen)]
+		var sc string
 		delay := time.Second
-		if opts.Runs > 0 {
+		switch {
+		case len(opts.Plan) > 0:
+			sc, delay = opts.Plan[i].Scenario, opts.Plan[i].Delay
+		case opts.Runs > 0:
 			sc = scen[rng.IntN(len(scen))]
 			delay = 300*time.Millisecond + time.Duration(rng.Int64N(int64(time.Second)))
+		default:
+			sc = scen[i%len(scen)]
 		}
 		r, err := e.round(ctx, i, sc, delay)
 		if err != nil {
@@ -883,6 +896,10 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 	case OwnerPlannedStop:
 		// A rolling upgrade: the orchestrator asks the owner to stop.
 		_ = owner.p.cmd.Process.Signal(syscall.SIGTERM)
+	default:
+		if err := e.injectExtra(i, sc, owner, standby); err != nil {
+			return nil, err
+		}
 	}
 	fmt.Fprintf(e.opts.Progress, "round %d %s: fault on %s (lease version %d)\n", i, sc, owner.name, res.OldVersion)
 
@@ -1081,6 +1098,7 @@ func (e *env) judge(rep *Report) {
 			r.OldOwnerLastDeliveryS = &s
 		}
 	}
+	checkStamps(rs, ds, changes)
 	sum := Summary{Rounds: len(rs), PerScenario: map[string]Agg{}}
 	for i := range rs {
 		r := &rs[i]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -76,7 +77,13 @@ func startStore(ctx context.Context, kind, dir string) (*storeEnv, error) {
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
-		s.closer = append(s.closer, func() { _ = pg.Close() })
+		s.closer = append(s.closer, func() {
+			// The server's log stays with the run's other logs.
+			if b, err := os.ReadFile(filepath.Join(pg.Dir(), "server.log")); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, "postgres.log"), b, 0o644)
+			}
+			_ = pg.Close()
+		})
 		s.target = net.JoinHostPort(pg.Host, fmt.Sprint(pg.Port))
 		s.block = func(addr string) string {
 			return fmt.Sprintf("{type: postgres, dsn: %q}", "postgres://postgres@"+addr+"/postgres?sslmode=disable&connect_timeout=2")
