@@ -355,7 +355,8 @@ type tenure struct {
 	pathLostSince time.Time
 	quiet         bool
 	// spools are the tenure's open spools by route ID (spool.go).
-	spools map[string]*spool.Spool
+	spools       map[string]*spool.Spool
+	spoolsClosed bool // the tenure's spools were closed: open no more
 }
 
 func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runner, error) {

@@ -39,8 +39,11 @@ func (r *runner) openSpools(ctx context.Context, t *tenure, cfg *config.Config, 
 
 func (r *runner) openSpool(ctx context.Context, t *tenure, rt config.RouteSettings) (*spool.Spool, error) {
 	r.mu.Lock()
-	sp := t.spools[rt.ID]
+	sp, ended := t.spools[rt.ID], t.spoolsClosed
 	r.mu.Unlock()
+	if ended {
+		return nil, fmt.Errorf("route %q: the tenure ended", rt.ID)
+	}
 	if sp != nil {
 		return sp, nil
 	}
@@ -61,6 +64,12 @@ func (r *runner) openSpool(ctx context.Context, t *tenure, rt config.RouteSettin
 		r.log.Info("spool opened with messages to deliver", "route", rt.ID, "dir", c.Dir, "messages", st.Recovered, "torn_tail_bytes", st.TruncatedBytes)
 	}
 	r.mu.Lock()
+	if t.spoolsClosed {
+		// The tenure ended while this one opened (a reload's late build).
+		r.mu.Unlock()
+		_ = sp.Close()
+		return nil, fmt.Errorf("route %q: the tenure ended", rt.ID)
+	}
 	if t.spools == nil {
 		t.spools = map[string]*spool.Spool{}
 	}
@@ -92,7 +101,7 @@ func (r *runner) spoolFor(t *tenure, rt config.RouteSettings) routing.Spool {
 func (r *runner) closeSpools(t *tenure) {
 	r.mu.Lock()
 	sps := t.spools
-	t.spools = nil
+	t.spools, t.spoolsClosed = nil, true
 	r.mu.Unlock()
 	for id, sp := range sps {
 		if err := sp.Close(); err != nil {

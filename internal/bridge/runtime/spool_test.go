@@ -146,12 +146,7 @@ func TestSpoolOutlastsTheBrokerQueue(t *testing.T) {
 			}
 			dst.down.Store(false)
 			if withSpool {
-				testwait.Until(t, "every message delivered", waitLimit, func() bool {
-					if dst.distinct() == n {
-						return true
-					}
-					return false
-				})
+				testwait.Until(t, "every message delivered", waitLimit, func() bool { return dst.distinct() == n })
 				testwait.Until(t, "the spool empty", waitLimit, func() bool { return b.Status().Sessions[0].Spools[0].Messages == 0 })
 				return
 			}
