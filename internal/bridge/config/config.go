@@ -46,29 +46,31 @@ const (
 
 // Defaults.
 const (
-	DefaultShutdownTimeout  = 30 * time.Second
-	DefaultHTTPListen       = "127.0.0.1:9464"
-	DefaultKeepAlive        = 30 * time.Second
-	DefaultSessionExpiry    = time.Hour
-	DefaultReceiveMaximum   = 1000
-	DefaultMaxInFlight      = 1000
-	DefaultRetryAttempts    = 5
-	DefaultInitialBackoff   = 100 * time.Millisecond
-	DefaultMaxBackoff       = 5 * time.Second
-	DefaultSenderTimeout    = 10 * time.Second
-	DefaultLeaseStorePath   = "myriarch-bridge-lease.db"
-	DefaultDeadLetterPath   = "myriarch-bridge-deadletter.jsonl"
-	maxSessionExpiry        = time.Duration(0xFFFFFFFF) * time.Second
-	maxReceiveMaximum       = 65535
-	maxKeepAlive            = 65535 * time.Second
-	minKeepAlive            = time.Second
-	leaseStoreSQLite        = "sqlite"
-	leaseStorePostgres      = "postgres"
-	leaseStoreEtcd          = "etcd"
-	senderMQTT, senderHTTP  = "mqtt", "http"
-	senderNATS, senderKafka = "nats", "kafka"
-	senderFile              = "file"
-	senderAMQP, senderSQS   = "amqp", "sqs"
+	DefaultShutdownTimeout   = 30 * time.Second
+	DefaultHTTPListen        = "127.0.0.1:9464"
+	DefaultKeepAlive         = 30 * time.Second
+	DefaultSessionExpiry     = time.Hour
+	DefaultReceiveMaximum    = 1000
+	DefaultMaxInFlight       = 1000
+	DefaultRetryAttempts     = 5
+	DefaultInitialBackoff    = 100 * time.Millisecond
+	DefaultMaxBackoff        = 5 * time.Second
+	DefaultSenderTimeout     = 10 * time.Second
+	DefaultLeaseStorePath    = "myriarch-bridge-lease.db"
+	DefaultDeadLetterPath    = "myriarch-bridge-deadletter.jsonl"
+	DefaultSpoolMaxBytes     = 1 << 30
+	DefaultSpoolSegmentBytes = 64 << 20
+	maxSessionExpiry         = time.Duration(0xFFFFFFFF) * time.Second
+	maxReceiveMaximum        = 65535
+	maxKeepAlive             = 65535 * time.Second
+	minKeepAlive             = time.Second
+	leaseStoreSQLite         = "sqlite"
+	leaseStorePostgres       = "postgres"
+	leaseStoreEtcd           = "etcd"
+	senderMQTT, senderHTTP   = "mqtt", "http"
+	senderNATS, senderKafka  = "nats", "kafka"
+	senderFile               = "file"
+	senderAMQP, senderSQS    = "amqp", "sqs"
 )
 
 // BridgeSettings is the process-wide block.
@@ -255,6 +257,18 @@ type RouteSettings struct {
 	Policy *failover.SessionPolicy
 	// PeakMessageRate is the declared peak rate in msg/s; 0 undeclared.
 	PeakMessageRate float64
+	// Spool is the route's durable spool; nil without one.
+	Spool *SpoolSettings
+}
+
+// SpoolSettings is a route's durable spool (package spool).
+type SpoolSettings struct {
+	Dir                   string
+	MaxBytes, MaxMessages int
+	Full                  string // block or dead_letter
+	Fsync                 string // always, interval or never
+	FsyncInterval         time.Duration
+	SegmentBytes          int
 }
 
 // Session returns the session with the given ID.

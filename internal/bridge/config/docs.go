@@ -28,6 +28,7 @@ var Reference = []struct {
 	{"sender-sqs", &sqsSenderTable},
 	{"routes", &routeTable},
 	{"mappings", &mappingTable},
+	{"spool", &spoolTable},
 	{"opamp", &opampTable},
 }
 

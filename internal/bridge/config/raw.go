@@ -234,6 +234,19 @@ type Route struct {
 	// PeakMessageRate is the route's peak message rate (msg/s), for the
 	// queue-room admission of its exclusive session.
 	PeakMessageRate float64 `yaml:"peak_message_rate"`
+	// Spool is the route's durable spool.
+	Spool *Spool `yaml:"spool"`
+}
+
+// Spool is a route's durable spool.
+type Spool struct {
+	Dir           string `yaml:"dir"`
+	MaxBytes      *int   `yaml:"max_bytes"`
+	MaxMessages   *int   `yaml:"max_messages"`
+	Full          string `yaml:"full"`
+	Fsync         string `yaml:"fsync"`
+	FsyncInterval string `yaml:"fsync_interval"`
+	SegmentBytes  int    `yaml:"segment_bytes"`
 }
 
 // Mapping is one topic mapping of a route.

@@ -579,6 +579,9 @@ func (v *validator) routes(f *File, cfg *Config) {
 			rs.Session = recv.Session
 			sess = cfg.Session(recv.Session)
 		}
+		if r.Spool != nil {
+			rs.Spool = v.spool(p+".spool", r, sess, cfg)
+		}
 		if sess != nil && sess.Mode != Exclusive {
 			for _, k := range leaseRows {
 				if vs.given(k) {
@@ -629,6 +632,28 @@ func (v *validator) routes(f *File, cfg *Config) {
 	if cfg.Bridge.DeploymentMode == leasemode.Clustered && cfg.LeaseStore.Type == leaseStoreSQLite && slices.ContainsFunc(cfg.Sessions, func(s SessionSettings) bool { return s.Mode == Exclusive }) {
 		v.add("stores.lease.type", cfg.LeaseStore.Type, "clustered mode needs a shared lease store (postgres or etcd); sqlite is process-local to one host")
 	}
+}
+
+// spool resolves a route's spool block. A file spool is local to one
+// host: on an exclusive session it needs the sqlite lease store (every
+// instance on the one host, sharing the directory under its lock); with a
+// shared store the successor may run on another host, where it could not
+// read the spool (the PostgreSQL spool is not built yet).
+func (v *validator) spool(p string, r *Route, sess *SessionSettings, cfg *Config) *SpoolSettings {
+	s := &SpoolSettings{}
+	v.resolve(p, &spoolTable, r.Spool, s)
+	if s.MaxBytes == 0 && s.MaxMessages == 0 {
+		v.add(p+".max_bytes", "0", "and max_messages are both 0: a spool needs a bound (bytes, messages or both), or a destination outage fills the disk")
+	}
+	if s.Dir == "" {
+		s.Dir = filepath.Join(cfg.Bridge.StateDir, cfg.Bridge.ID+"-"+r.ID+".spool")
+	} else if !filepath.IsAbs(s.Dir) && v.file != "" {
+		s.Dir = filepath.Join(filepath.Dir(v.file), s.Dir)
+	}
+	if sess != nil && sess.Mode == Exclusive && cfg.LeaseStore.Type != leaseStoreSQLite {
+		v.add(p, nil, "a file spool is local to one host, and with a %s lease store the successor of exclusive session %q may run on another host, where it could not read the spool; the PostgreSQL spool for clustered sessions is not built yet: use a sqlite lease store (one host) or no spool", cfg.LeaseStore.Type, sess.ID)
+	}
+	return s
 }
 
 // loopPeers checks the loop pairs: a route's loop_peer names another route

@@ -26,6 +26,9 @@ type Bridge struct {
 	FailureToFull  *prometheus.HistogramVec // session
 	StepDowns      *prometheus.CounterVec   // session
 	BrokerPathDown *prometheus.GaugeVec     // session: 1 while the broker path is lost
+	SpoolMessages  *prometheus.GaugeVec     // route: messages in the durable spool
+	SpoolBytes     *prometheus.GaugeVec     // route: bytes of those messages' records
+	SpoolOldestAge *prometheus.GaugeVec     // route: age of the oldest undelivered message
 }
 
 // New creates the metrics and registers them on reg (nil: not registered).
@@ -62,10 +65,16 @@ func New(reg prometheus.Registerer) *Bridge {
 			Help: "Broker-path step-downs: the owner released the lease because its broker path stayed lost for broker_health_step_down."}, []string{"session"}),
 		BrokerPathDown: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_broker_path_lost",
 			Help: "1 while the owner's broker path is lost, or not yet converged since it won the lease (the broker_health_step_down clock runs)."}, []string{"session"}),
+		SpoolMessages: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_spool_messages",
+			Help: "Messages the route's durable spool holds: acknowledged to the source, not yet accepted by every sender nor dead-lettered."}, []string{"route"}),
+		SpoolBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_spool_bytes",
+			Help: "Bytes of the records the route's durable spool holds."}, []string{"route"}),
+		SpoolOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "myriarch_bridge_spool_oldest_age_seconds",
+			Help: "Age (since the bridge received it) of the oldest message in the route's durable spool; 0 when empty."}, []string{"route"}),
 	}
 	if reg != nil {
 		reg.MustRegister(b.In, b.Out, b.Failed, b.DeadLettered, b.Unroutable, b.LoopDropped, b.InFlight, b.ServiceLevel, b.Owner, b.TakeoverToFull,
-			b.FailureToFull, b.StepDowns, b.BrokerPathDown)
+			b.FailureToFull, b.StepDowns, b.BrokerPathDown, b.SpoolMessages, b.SpoolBytes, b.SpoolOldestAge)
 	}
 	return b
 }

@@ -68,6 +68,16 @@ func SessionStatusText(s runtime.SessionStatus) string {
 	}
 	add("lease_owner", s.LeaseOwner)
 	add("in_flight", strconv.FormatInt(s.InFlight, 10))
+	if len(s.Spools) > 0 {
+		var n int64
+		var oldest float64
+		for _, sp := range s.Spools {
+			n += sp.Messages
+			oldest = max(oldest, sp.OldestAgeS)
+		}
+		add("spool_messages", strconv.FormatInt(n, 10))
+		add("spool_oldest_age_s", strconv.FormatFloat(oldest, 'f', 3, 64))
+	}
 	add("last_takeover_to_full_s", secs(s.TakeoverToFull))
 	add("last_failure_to_full_s", secs(s.FailureToFull))
 	if r := s.Budget; r != nil {

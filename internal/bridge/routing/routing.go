@@ -83,6 +83,10 @@ type RouteConfig struct {
 	// nothing more, and the senders check the tenure just before they
 	// deliver (sender.Message.Tenure).
 	Tenure fence.Tenure
+	// Spool, if set, is the route's durable spool (see spool.go): the
+	// dispatcher appends each message to it and acknowledges the source
+	// at once, and the route delivers from the spool.
+	Spool Spool
 }
 
 // Mapping is one topic mapping of a route, as in mosquitto's bridge
@@ -139,6 +143,9 @@ type Route struct {
 
 	inFlight atomic.Int64
 	rewrites [64]atomic.Pointer[rewritten]
+
+	// The spool pump (spool.go); nil without a spool.
+	pump *pump
 
 	// The route's metric series, resolved once.
 	mIn       prometheus.Counter
@@ -244,6 +251,9 @@ func NewRoute(cfg RouteConfig) *Route {
 		t.MaxBackoff = max(t.MaxBackoff, t.InitialBackoff)
 		r.targets = append(r.targets, &target{cfg: t, route: r, lanes: map[string]*lane{},
 			mOut: cfg.Metrics.Out.WithLabelValues(cfg.ID, t.ID), mFailed: cfg.Metrics.Failed.WithLabelValues(cfg.ID, t.ID)})
+	}
+	if cfg.Spool != nil {
+		r.startPump()
 	}
 	return r
 }
@@ -654,6 +664,7 @@ func (r *Route) Close() {
 	}
 	r.closed.Store(true)
 	close(r.quit)
+	r.stopPump()
 	for t := range r.timers {
 		if t.Stop() {
 			r.wg.Done()
@@ -672,10 +683,16 @@ func (r *Route) Close() {
 		t.mu.Unlock()
 	}
 	r.wg.Wait()
+	r.waitPump()
 }
 
-// WaitIdle waits until the route holds no message or ctx ends.
+// WaitIdle waits until the route holds no message or ctx ends. A route
+// with a spool first stops taking messages from it: what the spool holds
+// stays there for the next route.
 func (r *Route) WaitIdle(ctx context.Context) error {
+	if err := r.pausePump(ctx); err != nil {
+		return err
+	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for r.inFlight.Load() > 0 {
@@ -721,7 +738,7 @@ func (d *Dispatcher) Handle(m *transport.Message, ack func()) {
 		return
 	case 1:
 		// The common case: the route's settlement is the message's.
-		_ = first.Deliver(m, ack) // an error means closing: left unacknowledged
+		_ = first.take(m, ack) // an error means closing: left unacknowledged
 		return
 	}
 	matched := make([]*Route, 0, n)
@@ -738,7 +755,7 @@ func (d *Dispatcher) Handle(m *transport.Message, ack func()) {
 		}
 	}
 	for _, r := range matched {
-		if err := r.Deliver(m, settled); err != nil {
+		if err := r.take(m, settled); err != nil {
 			return // closing: leave it unacknowledged
 		}
 	}

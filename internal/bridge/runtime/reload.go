@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
-	"github.com/myriarch/myriarch/internal/bridge/fence"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
@@ -216,7 +215,7 @@ func (r *runner) refresh(ctx context.Context, t *tenure) {
 	if disp == nil {
 		return // serve has not built its routes yet; it will see r.gen
 	}
-	fresh := r.buildRoutes(cfg, routes, t.stamp, t.guard)
+	fresh := r.buildRoutes(cfg, routes, t)
 	old, ok := disp.swap(fresh)
 	if !ok {
 		// The tenure ended meanwhile; the next one builds from r.cfg.
@@ -237,7 +236,7 @@ func (r *runner) refresh(ctx context.Context, t *tenure) {
 }
 
 // buildRoutes builds a tenure's routes from cfg with the current senders.
-func (r *runner) buildRoutes(cfg *config.Config, settings []config.RouteSettings, stamp fence.Stamp, guard fence.Tenure) []*routing.Route {
+func (r *runner) buildRoutes(cfg *config.Config, settings []config.RouteSettings, t *tenure) []*routing.Route {
 	r.b.mu.Lock()
 	senders := r.b.senders
 	r.b.mu.Unlock()
@@ -256,7 +255,7 @@ func (r *runner) buildRoutes(cfg *config.Config, settings []config.RouteSettings
 		}
 		routes = append(routes, routing.NewRoute(routing.RouteConfig{ID: rt.ID, Filters: filters, Targets: targets,
 			MaxInFlight: rt.MaxInFlight, StripPrefix: rt.StripPrefix, AddPrefix: rt.AddPrefix, Retain: routing.RetainPolicy(rt.Retain), Mappings: mappings(rt.Mappings), LoopPeer: rt.LoopPeer, DeadLetter: r.b.dl,
-			Metrics: r.b.met, Logger: r.log, Fence: stamp, Tenure: guard}))
+			Metrics: r.b.met, Logger: r.log, Fence: t.stamp, Tenure: t.guard, Spool: r.spoolFor(t, rt)}))
 	}
 	return routes
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
+	"github.com/myriarch/myriarch/internal/bridge/spool"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt311"
@@ -290,6 +291,9 @@ type SessionStatus struct {
 	// myriarch_bridge_failover_failure_to_full_seconds).
 	FailureToFull     *float64  `json:"last_failure_to_full_s"`
 	ServiceLevelSince time.Time `json:"service_level_since"`
+	// Spools are the durable spools of the session's routes that this
+	// instance holds open (while it serves the session).
+	Spools []SpoolStatus `json:"spools,omitempty"`
 }
 
 // Status reports the instance and every session.
@@ -350,6 +354,9 @@ type tenure struct {
 	servedFull    bool
 	pathLostSince time.Time
 	quiet         bool
+	// spools are the tenure's open spools by route ID (spool.go).
+	spools       map[string]*spool.Spool
+	spoolsClosed bool // the tenure's spools were closed: open no more
 }
 
 func (b *Bridge) newRunner(cfg *config.Config, s *config.SessionSettings) (*runner, error) {
@@ -521,8 +528,14 @@ func (r *runner) serve(ctx context.Context, stopping <-chan struct{}, t *tenure)
 	r.mu.Lock()
 	cfg, routeSettings, gen := r.cfg, r.routes, r.gen
 	r.mu.Unlock()
+	if err := r.openSpools(ctx, t, cfg, routeSettings); err != nil {
+		r.log.Error("spool", "err", err)
+		r.closeSpools(t)
+		return
+	}
+	defer r.closeSpools(t)
 	disp := &liveDispatcher{}
-	disp.cur.Store(&routing.Dispatcher{Session: r.sess.ID, Routes: r.buildRoutes(cfg, routeSettings, stamp, guard), Metrics: r.b.met})
+	disp.cur.Store(&routing.Dispatcher{Session: r.sess.ID, Routes: r.buildRoutes(cfg, routeSettings, t), Metrics: r.b.met})
 	r.mu.Lock()
 	t.disp = disp
 	stale := r.gen != gen
@@ -717,6 +730,9 @@ func (r *runner) status() SessionStatus {
 		st.FailureToFull = &v
 	}
 	st.LastLeaseEvent = r.lastEvent
+	if t := r.cur; t != nil {
+		st.Spools = spoolStatus(t)
+	}
 	if r.manager != nil {
 		if o := r.manager.Ownership(); o != nil {
 			st.LeaseVersion = o.Token().Version

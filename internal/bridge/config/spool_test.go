@@ -1,0 +1,53 @@
+package config
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSpoolSettings(t *testing.T) {
+	cfg, err := Parse("/etc/b/good.yaml", []byte(edit(t, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: {max_messages: 5000, fsync: always}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := cfg.Routes[0].Spool
+	if sp == nil {
+		t.Fatal("no spool")
+	}
+	want := SpoolSettings{Dir: filepath.Join("/etc/b", "plant-bridge-telemetry-archive.spool"), MaxBytes: DefaultSpoolMaxBytes, MaxMessages: 5000,
+		Full: "block", Fsync: "always", FsyncInterval: 200 * time.Millisecond, SegmentBytes: DefaultSpoolSegmentBytes}
+	if *sp != want {
+		t.Fatalf("spool %+v\nwant  %+v", *sp, want)
+	}
+	cfg, err = Parse("good.yaml", []byte(good))
+	if err != nil || cfg.Routes[0].Spool != nil {
+		t.Fatalf("a route without spool: %v %+v", err, cfg.Routes[0].Spool)
+	}
+}
+
+func TestSpoolRefusals(t *testing.T) {
+	cases := []struct{ block, want string }{
+		{"{full: drop}", `routes[0].spool.full: "drop": must be block or dead_letter`},
+		{"{fsync: sometimes}", `routes[0].spool.fsync: "sometimes": must be always, interval or never`},
+		{"{max_bytes: 0}", `routes[0].spool.max_bytes: "0": and max_messages are both 0`},
+		{"{max_messages: -1}", `routes[0].spool.max_messages: -1: must be 0 (no bound) or a positive number of messages`},
+		{"{fsync_interval: 0s}", `routes[0].spool.fsync_interval: "0s": must be a positive duration`},
+		{"{segment_bytes: 10}", `routes[0].spool.segment_bytes: 10: must be within [4096, 1073741824]`},
+		{"{sync: always}", `routes[0].spool.sync: unknown key`},
+	}
+	for _, c := range cases {
+		_, err := Parse("bad.yaml", []byte(edit(t, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: "+c.block+"\n")))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("spool %s: got %v\nwant a problem containing %s", c.block, err, c.want)
+		}
+	}
+	// A file spool on an exclusive session with a shared store.
+	y := edit(t, "lease: {type: sqlite, path: /tmp/lease.db}", "lease: {type: postgres, dsn: 'postgres://x@127.0.0.1/db'}",
+		"    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: {}\n")
+	_, err := Parse("bad.yaml", []byte(y))
+	if err == nil || !strings.Contains(err.Error(), `routes[0].spool: a file spool is local to one host, and with a postgres lease store`) {
+		t.Errorf("postgres store with a file spool: %v", err)
+	}
+}
