@@ -44,6 +44,7 @@ var labMachinery = []string{
 	module + "/internal/testpki",
 	module + "/internal/testwait",
 	module + "/internal/leaderlab",
+	module + "/internal/anchorlab",
 	module + "/internal/bridge/lab",
 	module + "/internal/bridge/embroker",
 	module + "/internal/bridge/bench",
