@@ -13,7 +13,9 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/anchorlab"
 	"github.com/myriarch/myriarch/internal/cli"
 )
@@ -82,10 +84,24 @@ func runAnchors(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "myriarch-lab anchors: %v\n", err)
 		return cli.ExitUsage
 	}
-	for name, v := range map[string]int64{"--stop": int64(o.Stop), "--after": int64(o.After), "--timeout": int64(o.Timeout),
-		"--etcd-ttl": int64(o.EtcdTTL), "--lease-ttl": int64(o.LeaseTTL), "--pgleader-t": int64(o.PGLeaderT), "--pg-poll": int64(o.PGPoll)} {
-		if v < 0 {
-			fmt.Fprintf(stderr, "myriarch-lab anchors: %s %v: must not be negative\n", name, v)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--stop", o.Stop}, {"--after", o.After}, {"--timeout", o.Timeout}, {"--etcd-ttl", o.EtcdTTL},
+		{"--lease-ttl", o.LeaseTTL}, {"--pgleader-t", o.PGLeaderT}, {"--pg-poll", o.PGPoll}} {
+		if d.v < 0 {
+			fmt.Fprintf(stderr, "myriarch-lab anchors: %s %v: must not be negative\n", d.name, d.v)
+			return cli.ExitUsage
+		}
+	}
+	if o.EtcdTTL != 0 && (o.EtcdTTL < time.Second || o.EtcdTTL%time.Second != 0) {
+		fmt.Fprintf(stderr, "myriarch-lab anchors: --etcd-ttl %v: must be whole seconds, at least 1s\n", o.EtcdTTL)
+		return cli.ExitUsage
+	}
+	if o.PGLeaderT != 0 {
+		var fe *failover.FieldError
+		if _, err := failover.DeriveLeaderKeepalive(o.PGLeaderT); errors.As(err, &fe) {
+			fmt.Fprintf(stderr, "myriarch-lab anchors: --pgleader-t %s: %s\n", fe.Value, fe.Rule)
 			return cli.ExitUsage
 		}
 	}
@@ -100,7 +116,7 @@ func runAnchors(args []string, stdout, stderr io.Writer) int {
 	lab, err := anchorlab.New(ctx, o)
 	if err != nil {
 		fmt.Fprintf(stderr, "myriarch-lab anchors: %v\n", err)
-		return cli.ExitUsage
+		return 1
 	}
 	defer lab.Close()
 	rows, status := []anchorlab.Row{}, 0
