@@ -41,7 +41,10 @@ func TestAnchorsShort(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	opts := Options{Log: t.Logf, RequireNetns: ci}
+	// Stop stays at its default (20s, past pgleader's 13.5s frozen-leader
+	// bound with room for a loaded machine); the waits after it are short:
+	// the assertions are on counts and order, which the waits do not change.
+	opts := Options{Log: t.Logf, RequireNetns: ci, After: 2 * time.Second, Timeout: 15 * time.Second}
 	if testing.Verbose() {
 		opts.CandidateLog = logWriter{t}
 	}
@@ -94,8 +97,11 @@ func TestAnchorsShort(t *testing.T) {
 		if r.NewLeaderS == nil {
 			t.Errorf("%s: no new leader", k)
 		}
-		if r.DeposedAccepted != 0 || r.DeposedRejected != 0 {
-			t.Errorf("%s: the deposed leader's writes reached the resource after the new leader's first: %d accepted, %d rejected", k, r.DeposedAccepted, r.DeposedRejected)
+		// Its own check stops the deposed leader; a write it had checked
+		// just before the freeze can still land after SIGCONT (the pause
+		// between check and act), and the token must reject it.
+		if r.DeposedAccepted != 0 {
+			t.Errorf("%s: the resource took %d writes of the deposed leader after the new leader's first", k, r.DeposedAccepted)
 		}
 	}
 	// etcd: a new leader; the resource that checks the create revision
