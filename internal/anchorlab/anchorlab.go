@@ -41,6 +41,11 @@ import (
 const (
 	SystemEtcd       = "etcd-election"
 	SystemPGAdvisory = "pg-advisory-lock"
+	// SystemPGAdvisoryKA is the same lock with the server's TCP keepalives
+	// and user timeout set on the lock session (idle 2s, interval 1s,
+	// count 3, tcp_user_timeout 5s), what people add after the first
+	// two-hour outage.
+	SystemPGAdvisoryKA = "pg-advisory-lock+ka"
 	SystemLease      = "myriarch-lease"
 	SystemPGLeader   = "myriarch-pgleader"
 	SystemClientGo   = "client-go-leaderelection"
@@ -51,7 +56,7 @@ const (
 const RowEtcdRev = "etcd-election+rev"
 
 // Systems lists the systems in the order the lab runs them.
-var Systems = []string{SystemEtcd, SystemPGAdvisory, SystemLease, SystemPGLeader, SystemClientGo}
+var Systems = []string{SystemEtcd, SystemPGAdvisory, SystemPGAdvisoryKA, SystemLease, SystemPGLeader, SystemClientGo}
 
 // ClientGoUnavailable is why client-go's leaderelection does not run here.
 const ClientGoUnavailable = "no real Kubernetes API server on this machine: Debian has no kube-apiserver, " +
@@ -233,7 +238,7 @@ func (l *Lab) ttl(system string) time.Duration {
 		return l.opts.LeaseTTL
 	case SystemPGLeader:
 		return l.opts.PGLeaderT
-	case SystemPGAdvisory:
+	case SystemPGAdvisory, SystemPGAdvisoryKA:
 		return l.opts.PGPoll
 	}
 	return 0

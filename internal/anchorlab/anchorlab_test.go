@@ -59,25 +59,29 @@ func TestAnchorsShort(t *testing.T) {
 	}()
 
 	type job struct{ system, fault string }
-	jobs := []job{
-		{SystemLease, FaultSigstop}, {SystemPGLeader, FaultSigstop}, {SystemEtcd, FaultSigstop},
-		{SystemPGAdvisory, FaultSigstop}, {SystemLease, FaultNetnsDrop},
+	// Each group runs in parallel with the others; the jobs of a group run
+	// one after the other (one set of network namespaces at a time).
+	groups := [][]job{
+		{{SystemLease, FaultSigstop}}, {{SystemPGLeader, FaultSigstop}}, {{SystemEtcd, FaultSigstop}},
+		{{SystemPGAdvisory, FaultSigstop}}, {{SystemLease, FaultNetnsDrop}, {SystemPGAdvisoryKA, FaultNetnsDrop}},
 	}
 	var mu sync.Mutex
 	got := map[string]Row{}
 	var wg sync.WaitGroup
-	for _, j := range jobs {
+	for _, g := range groups {
 		wg.Go(func() {
-			rows, err := l.Run(ctx, j.system, j.fault, 1)
-			if err != nil {
-				t.Errorf("%s under %s: %v", j.system, j.fault, err)
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, r := range rows {
-				t.Logf("%+v new=%v last=%v", r, deref(r.NewLeaderS), deref(r.DeposedLastS))
-				got[r.System+"/"+r.Fault] = r
+			for _, j := range g {
+				rows, err := l.Run(ctx, j.system, j.fault, 1)
+				if err != nil {
+					t.Errorf("%s under %s: %v", j.system, j.fault, err)
+					continue
+				}
+				mu.Lock()
+				for _, r := range rows {
+					t.Logf("%+v new=%v last=%v", r, deref(r.NewLeaderS), deref(r.DeposedLastS))
+					got[r.System+"/"+r.Fault] = r
+				}
+				mu.Unlock()
 			}
 		})
 	}
@@ -123,6 +127,20 @@ func TestAnchorsShort(t *testing.T) {
 	pg := got[SystemPGAdvisory+"/"+FaultSigstop]
 	if pg.NewLeaderS != nil {
 		t.Errorf("pg advisory lock: a new leader after %.3fs; the frozen session should have kept the lock", *pg.NewLeaderS)
+	}
+	// With the server's keepalives and user timeout on the lock session,
+	// the server drops the cut-off leader's session and the follower
+	// leads; the cut-off leader's query hangs (no client timeout), it
+	// still believes it leads, and the resource takes its writes: two
+	// acting owners, silently.
+	ka := got[SystemPGAdvisoryKA+"/"+FaultNetnsDrop]
+	if ka.Skipped == "" {
+		if ka.NewLeaderS == nil {
+			t.Errorf("pg advisory lock with keepalives: no new leader")
+		}
+		if ka.DeposedAccepted == 0 {
+			t.Errorf("pg advisory lock with keepalives: the cut-off leader wrote nothing after the new leader's first write: %+v", ka)
+		}
 	}
 }
 

@@ -77,7 +77,7 @@ func MaybeRunCandidate() {
 	switch spec.System {
 	case SystemEtcd:
 		err = c.etcdElection(ctx)
-	case SystemPGAdvisory:
+	case SystemPGAdvisory, SystemPGAdvisoryKA:
 		err = c.pgAdvisory(ctx)
 	case SystemLease:
 		err = c.lease(ctx)
@@ -223,6 +223,21 @@ func (c *candidate) pgAdvisory(ctx context.Context) error {
 			c.log.Warn("connect", "error", err)
 			time.Sleep(poll)
 			continue
+		}
+		if c.spec.System == SystemPGAdvisoryKA {
+			// The server probes an idle lock session after 2s and drops
+			// it after 3 unanswered probes a second apart, or when data it
+			// sent stays unacknowledged for 5s.
+			for _, set := range []string{"SET tcp_keepalives_idle = 2", "SET tcp_keepalives_interval = 1", "SET tcp_keepalives_count = 3", "SET tcp_user_timeout = 5000"} {
+				if _, err = conn.Exec(ctx, set); err != nil {
+					break
+				}
+			}
+			if err != nil {
+				c.log.Warn("keepalive settings", "error", err)
+				conn.Close(context.Background())
+				continue
+			}
 		}
 		for ctx.Err() == nil {
 			if leading.Load() {
