@@ -46,9 +46,9 @@ const (
 	// count 3, tcp_user_timeout 5s), what people add after the first
 	// two-hour outage.
 	SystemPGAdvisoryKA = "pg-advisory-lock+ka"
-	SystemLease      = "myriarch-lease"
-	SystemPGLeader   = "myriarch-pgleader"
-	SystemClientGo   = "client-go-leaderelection"
+	SystemLease        = "myriarch-lease"
+	SystemPGLeader     = "myriarch-pgleader"
+	SystemClientGo     = "client-go-leaderelection"
 )
 
 // RowEtcdRev is the second row of an etcd-election run: the same writes as
