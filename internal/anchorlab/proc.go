@@ -36,8 +36,9 @@ func startCmd(exe string, wrap []string, envVar string, spec any, logw io.Writer
 	cmd.Stderr = logw
 	cmd.Stdout = stdout
 	// Its own process group: a signal to the lab's group (Ctrl-C) does
-	// not reach the candidates; the lab ends them.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// not reach the candidates; the lab ends them, and the kernel does
+	// when the lab dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
