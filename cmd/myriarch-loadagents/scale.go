@@ -558,6 +558,11 @@ func (f *fleet) waitOnline(ctx context.Context, what string, want int64, timeout
 		if done(online, st) {
 			return nil
 		}
+		for _, r := range f.reps {
+			if r.exited() {
+				return fmt.Errorf("%s: replica %s exited: %v (see its log)", what, r.id, r.err)
+			}
+		}
 		if time.Since(last) >= 5*time.Second {
 			last = time.Now()
 			progress(f.stderr, "%d agents: %s: %d of %d online in the database, %d agents connected at least once, %.0f s",

@@ -81,16 +81,35 @@ type replicaProc struct {
 // startReplicaProc starts `myriarchd serve` as replica id on free loopback
 // ports, with database dsn, the enrollment secret and extra settings (they
 // win over the defaults here). Its log goes to logw.
+//
+// A free port can be taken by another process before the replica binds
+// it (the machine is shared): a replica that exits before it answers
+// /readyz is started again on other ports, up to three times.
 func startReplicaProc(ctx context.Context, exe, id, dsn, secret string, extra map[string]string, logw io.Writer) (*replicaProc, error) {
-	httpAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
+	var lastErr error
+	for range 3 {
+		httpAddr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		opampAddr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		r, err := startReplicaAt(ctx, exe, id, dsn, secret, httpAddr, opampAddr, extra, logw)
+		if err != nil {
+			return nil, err
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for !r.exited() && !r.ready() && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !r.exited() {
+			return r, nil
+		}
+		lastErr = fmt.Errorf("replica %s exited at start: %v (see its log)", id, r.err)
 	}
-	opampAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	return startReplicaAt(ctx, exe, id, dsn, secret, httpAddr, opampAddr, extra, logw)
+	return nil, lastErr
 }
 
 // startReplicaAt is startReplicaProc on given addresses (a replica started
@@ -116,8 +135,8 @@ func startReplicaAt(ctx context.Context, exe, id, dsn, secret, httpAddr, opampAd
 	}
 	cmd := exec.Command(exe, "serve")
 	cmd.Env = env
-	cmd.Stdout = io.Discard
-	cmd.Stderr = logw
+	// myriarchd logs to stdout.
+	cmd.Stdout, cmd.Stderr = &prefixWriter{prefix: "[" + id + "] ", w: logw}, &prefixWriter{prefix: "[" + id + "] ", w: logw}
 	p, err := startProc(cmd)
 	if err != nil {
 		return nil, err
@@ -172,7 +191,7 @@ func metricValue(text, name string) float64 {
 // so that a replica started again takes the reconnecting agents first;
 // WebSocket connections live under "timeout tunnel" once upgraded; plain
 // HTTP polls under the client and server timeouts; a replica is taken out
-// after two failed /readyz checks one second apart (it answers 503 while
+// after three failed /readyz checks one second apart (3 s to answer each) (it answers 503 while
 // it cannot serve or is stopping) and a connection refused by a dead one
 // is redispatched to another. X-Forwarded-For carries the agent's address
 // (myriarchd takes it from HAProxy with server.trustedProxies).
@@ -204,7 +223,8 @@ backend replicas
     option httpchk
     http-check send meth GET uri /readyz
     http-check expect status 200
-    default-server check inter 1s fall 2 rise 2
+    timeout check 3s
+    default-server check inter 1s fall 3 rise 2
 {{SERVERS}}`
 
 // haproxyText renders the configuration of one HAProxy instance.
@@ -229,8 +249,22 @@ func haproxyBinary() (string, error) {
 }
 
 // startHAProxy writes the configuration to dir and starts haproxy in the
-// foreground; it returns once the listener accepts.
+// foreground; it returns once the listener accepts. A port taken by
+// another process meanwhile (a shared machine) is replaced, up to three
+// times.
 func startHAProxy(ctx context.Context, dir, name string, maxconn int, reps []*replicaProc, logw io.Writer) (*proc, string, error) {
+	var err error
+	for range 3 {
+		var p *proc
+		var listen string
+		if p, listen, err = startHAProxyOnce(ctx, dir, name, maxconn, reps, logw); err == nil {
+			return p, listen, nil
+		}
+	}
+	return nil, "", err
+}
+
+func startHAProxyOnce(ctx context.Context, dir, name string, maxconn int, reps []*replicaProc, logw io.Writer) (*proc, string, error) {
 	bin, err := haproxyBinary()
 	if err != nil {
 		return nil, "", err
@@ -247,12 +281,12 @@ func startHAProxy(ctx context.Context, dir, name string, maxconn int, reps []*re
 		return nil, "", fmt.Errorf("haproxy -c %s: %v: %s", cfg, err, out)
 	}
 	cmd := exec.Command(bin, "-db", "-f", cfg)
-	cmd.Stdout, cmd.Stderr = logw, logw
+	cmd.Stdout, cmd.Stderr = &prefixWriter{prefix: "[" + name + "] ", w: logw}, &prefixWriter{prefix: "[" + name + "] ", w: logw}
 	p, err := startProc(cmd)
 	if err != nil {
 		return nil, "", err
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		if resp, err := http.Get("http://" + listen + "/"); err == nil {
 			resp.Body.Close()
@@ -449,3 +483,16 @@ func cpuPct(a, b procSample) float64 {
 
 // newSelfCmd runs this program again with args.
 func newSelfCmd(self string, args ...string) *exec.Cmd { return exec.Command(self, args...) }
+
+// prefixWriter prefixes each write (a log line) with the process's name.
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(append([]byte(p.prefix), b...)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}

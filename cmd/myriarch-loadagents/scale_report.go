@@ -95,10 +95,22 @@ func scaleTable(rs []scaleResult) string {
 		}
 		b.WriteString("\n")
 	}
+	// ops marks the figures of a run without the operations (--ops=false).
+	ops := func(f func(r scaleResult) string) func(r scaleResult) string {
+		return func(r scaleResult) string {
+			if r.WaveAgents == 0 && r.KilledReplicaAgents == 0 && r.Revoked == 0 {
+				return "not run"
+			}
+			return f(r)
+		}
+	}
 	row("Online (plain-HTTP among them)", func(r scaleResult) string {
 		return fmt.Sprintf("%s (%s)", thousands(int(r.Online)), thousands(r.HTTPAgents))
 	})
 	row("Memory per agent, myriarchd / bare opamp-go (KB RSS)", func(r scaleResult) string {
+		if r.BareAgents == 0 {
+			return fmt.Sprintf("%.1f / not run", r.KBPerAgent)
+		}
 		return fmt.Sprintf("%.1f / %.1f (bare at %s)", r.KBPerAgent, r.BareKBPerAgent, thousands(r.BareAgents))
 	})
 	row("Replica CPU, steady (% of a core; per 1k agents; bare per 1k)", func(r scaleResult) string {
@@ -112,18 +124,18 @@ func scaleTable(rs []scaleResult) string {
 		return fmt.Sprintf("%.1f; %.0f", r.NotificationsPerS, r.RolloutNotifPerS)
 	})
 	row("All agents connected and online (s)", func(r scaleResult) string { return fmt.Sprintf("%.1f", r.ConnectAllS) })
-	row("Rollout: plan (s); largest wave applied (s); gate latency (s)", func(r scaleResult) string {
+	row("Rollout: plan (s); largest wave applied (s); gate latency (s)", ops(func(r scaleResult) string {
 		return fmt.Sprintf("%.2f; %.1f (%s agents); %.1f", r.RolloutPlanS, r.WaveApplyS, thousands(r.WaveAgents), r.GateLatencyS)
-	})
-	row("Follower killed: its agents all online elsewhere (s); lost; double-counted", func(r scaleResult) string {
+	}))
+	row("Follower killed: its agents all online elsewhere (s); lost; double-counted", ops(func(r scaleResult) string {
 		return fmt.Sprintf("%.1f (%s agents); %d; %d", r.ReplicaKillAllOnlineS, thousands(int(r.KilledReplicaAgents)), r.Lost, r.DoubleCounted)
-	})
-	row("Leader killed mid-rollout: new leader (s); rollout done (s); revision once / twice / missing", func(r scaleResult) string {
+	}))
+	row("Leader killed mid-rollout: new leader (s); rollout done (s); revision once / twice / missing", ops(func(r scaleResult) string {
 		return fmt.Sprintf("%.1f; %.1f; %s / %d / %d", r.LeaderFailoverS, r.LeaderKillRolloutS, thousands(r.RevisionOnce), r.RevisionDuplicates, r.RevisionMissing)
-	})
-	row("Revocation storm: revoked; WebSocket ones offline (s); all offline (s)", func(r scaleResult) string {
+	}))
+	row("Revocation storm: revoked; WebSocket ones offline (s); all offline (s)", ops(func(r scaleResult) string {
 		return fmt.Sprintf("%s; %.1f; %.1f", thousands(r.Revoked), r.RevokeAllOfflineS, r.RevokeHTTPOfflineS)
-	})
+	}))
 	row("Load average while measured (1, 5, 15 min)", func(r scaleResult) string {
 		return strings.Trim(strings.Join(strings.Fields(fmt.Sprint(r.LoadAvg)), ", "), "[]")
 	})
