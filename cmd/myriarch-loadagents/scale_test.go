@@ -77,7 +77,11 @@ func TestScaleCommand(t *testing.T) {
 	check(r.Lost == 0 && r.DoubleCounted == 0 && r.APIOnline == n, "none lost, none double-counted, the API lists all")
 	check(r.LeaderFailoverS > 0 && r.LeaderKillRolloutS >= r.LeaderFailoverS, "leader killed: a new leader, the rollout finished")
 	check(r.RevisionOnce == n && r.RevisionDuplicates == 0 && r.RevisionMissing == 0, "revision 2 at every agent exactly once")
-	check(r.Revoked == 20 && r.RevokeAllOfflineS > 0 && r.FinalOnline == n-20, "revocation storm: 20 revoked, offline; the rest online")
+	// The rest is not asserted online: revoked agents retrying with the
+	// secret make myriarchd refuse the secret from their source (here
+	// every agent's) for a while (docs/myriarchd.md, Scale).
+	check(r.Revoked == 20 && r.RevokeAllOfflineS > 0 && r.RevokeHTTPOfflineS >= r.RevokeAllOfflineS && r.FinalOnline <= n-20,
+		"revocation storm: 20 revoked, all offline")
 	check(len(r.Errors) == 0, "no errors")
 
 	// The report renders the same line as a table and a plot.
