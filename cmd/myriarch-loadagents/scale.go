@@ -779,6 +779,10 @@ func (f *fleet) operations(ctx context.Context, pg *pgtest.Cluster, r *scaleResu
 	r.FinalOnline, _ = store.CountOnline(ctx, f.pool, nil)
 }
 
+// httpConnID is the connection id myriarchd records for plain-HTTP
+// agents (opampserver.HTTPConnID; the load tool does not link the server).
+const httpConnID = "http"
+
 func revisionBody(rev int) string {
 	return fmt.Sprintf("receivers: {otlp: {}}\nexporters: {debug: {}}\n%s%d\n", revMarker, rev)
 }
@@ -862,9 +866,7 @@ func (f *fleet) opReplicaKill(ctx context.Context, r *scaleResult) error {
 		// is recorded on the replica that answered its first poll there
 		// (counted apart: stale_http_on_killed).
 		var on, onHTTP int64
-		err = f.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'online' AND replica_id = $1 AND connection_id <> 'http'),
-			count(*) FILTER (WHERE status = 'online' AND replica_id = $1 AND connection_id = 'http'),
-			count(*) FILTER (WHERE status = 'online') FROM agents`, victim.id).Scan(&on, &onHTTP, &online)
+		on, onHTTP, online, err = store.OnlineOnByConn(ctx, f.pool, victim.id, httpConnID)
 		if err != nil {
 			return err
 		}
@@ -968,20 +970,9 @@ func (f *fleet) opRevoke(ctx context.Context, r *scaleResult) error {
 	if k < 1 {
 		return nil
 	}
-	rows, err := f.pool.Query(ctx, `SELECT instance_uid FROM agents WHERE status = 'online' ORDER BY random() LIMIT $1`, k)
+	uids, err := store.SampleOnline(ctx, f.pool, k)
 	if err != nil {
 		return err
-	}
-	var uids []string
-	for rows.Next() {
-		var u string
-		if err := rows.Scan(&u); err != nil {
-			return err
-		}
-		uids = append(uids, u)
-	}
-	if rows.Err() != nil {
-		return rows.Err()
 	}
 	r.Revoked = len(uids)
 	progress(f.stderr, "%d agents: revoking %d agents at once", f.n, len(uids))
@@ -1013,8 +1004,7 @@ func (f *fleet) opRevoke(ctx context.Context, r *scaleResult) error {
 	for {
 		// A WebSocket agent is disconnected at once; a plain-HTTP one is
 		// refused at its next poll (recorded offline apart).
-		if err := f.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE connection_id <> 'http'), count(*) FILTER (WHERE connection_id = 'http')
-			FROM agents WHERE status = 'online' AND instance_uid = ANY($1)`, uids).Scan(&still, &stillHTTP); err != nil {
+		if still, stillHTTP, err = store.OnlineAmongByConn(ctx, f.pool, uids, httpConnID); err != nil {
 			return err
 		}
 		if still == 0 && r.RevokeAllOfflineS == 0 {

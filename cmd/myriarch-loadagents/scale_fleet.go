@@ -323,12 +323,12 @@ type agentStatus struct {
 }
 
 type loadOptions struct {
-	url, secret          string
-	agents, httpEvery    int
-	rate                 int
-	heartbeat, poll      time.Duration
-	attrs                map[string]string
-	startIndex, rlimitNo int
+	url, secret       string
+	agents, httpEvery int
+	rate              int
+	heartbeat, poll   time.Duration
+	attrs             map[string]string
+	startIndex        int
 }
 
 func startLoadProc(self string, o loadOptions, logw io.Writer) (*loadProc, error) {
