@@ -9,9 +9,9 @@ import (
 	"github.com/myriarch/myriarch/internal/pgtest"
 )
 
-// A last-seen flush changes no indexed column of agents (00069): its
+// A last-seen flush changes no indexed column of agents (00070): its
 // updates can be HOT (the new row version on the same page, no index
-// entry written). With last_seen indexed (before 00069) none could be.
+// entry written). With last_seen indexed (before 00070) none could be.
 func TestFlushSeenUpdatesAreHOT(t *testing.T) {
 	pg := pgtest.New(t)
 	s := open(t, pg.DSN(""))

@@ -258,7 +258,7 @@ func (s *Store) FlushSeen(ctx context.Context, batch []Seen) (int64, error) {
 }
 
 // flushSeenSQL is FlushSeen's statement. It changes no indexed column
-// unless a plain-HTTP agent moved replicas, so its updates are HOT (00069).
+// unless a plain-HTTP agent moved replicas, so its updates are HOT (00070).
 const flushSeenSQL = `
 	UPDATE agents a SET last_seen = v.at, status = 'online', replica_id = CASE WHEN v.rep = '' THEN a.replica_id ELSE v.rep END
 	FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS v(uid, conn, at, rep)
