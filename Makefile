@@ -48,6 +48,18 @@ proof:
 	@$(GO) build -o bin/ ./cmd/myriarch-bridge ./cmd/myriarch-lab
 	@bin/myriarch-lab proof --size $(SIZE) --dir $(PROOF_DIR) $(PROOF)
 
+# The anchors (docs/anchors.md): the same singleton workload and faults
+# (SIGSTOP past the TTL, netns DROP of the store path, kill -9) under etcd's
+# concurrency.Election, a naive PostgreSQL advisory lock, Myriarch's lease
+# and pgleader; prints the table and, last, one JSON object. Needs root for
+# netns-drop; about 6 minutes per repetition. ANCHORS adds lab flags, e.g.
+# ANCHORS="--json" or ANCHORS="--faults sigstop --systems myriarch-lease".
+ANCHORS_REPS ?= 3
+ANCHORS ?=
+.PHONY: proof-anchors
+proof-anchors:
+	$(GO) run ./cmd/myriarch-lab anchors --reps $(ANCHORS_REPS) $(ANCHORS)
+
 # MQTT→MQTT in one run (needs mosquitto): direct, mosquitto's own bridge,
 # myriarch-bridge on an ephemeral and on an exclusive session; prints the
 # table of docs/bridge.md "Throughput" with the ratio against mosquitto's

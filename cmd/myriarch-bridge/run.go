@@ -109,7 +109,7 @@ func runLoaded(ctx context.Context, cfg *config.Config, file string, logger *slo
 	defer stopHUP()
 	if cfg.OpAMP != nil {
 		oc, err := opamp.Start(ctx, opamp.Options{Settings: cfg.OpAMP, File: file, StateDir: cfg.Bridge.StateDir,
-			BridgeID: cfg.Bridge.ID, InstanceID: b.InstanceID(), Version: version.String(), Bridge: b, Logger: logger})
+			BridgeID: cfg.Bridge.ID, InstanceID: b.InstanceID(), Version: version.String(), Bridge: b, Logger: logger, Gatherer: reg})
 		if err != nil {
 			logger.Error("starting the OpAMP client", "err", err)
 			return exitFailed

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"github.com/myriarch/myriarch/internal/anchorlab"
 	"github.com/myriarch/myriarch/internal/cli"
 	"github.com/myriarch/myriarch/internal/leaderlab"
 )
@@ -18,5 +19,6 @@ var commands = &cli.Registry{Program: "myriarch-lab", Default: "bridge"}
 func main() {
 	// A replica subprocess of the leader lab runs here and exits.
 	leaderlab.MaybeRunReplica()
+	anchorlab.MaybeRunCandidate() // a candidate (or etcd) subprocess of `myriarch-lab anchors`
 	commands.Main()
 }

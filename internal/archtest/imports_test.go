@@ -45,6 +45,7 @@ var labMachinery = []string{
 	module + "/internal/testwait",
 	module + "/internal/leaderlab",
 	module + "/internal/proof",
+	module + "/internal/anchorlab",
 	module + "/internal/bridge/lab",
 	module + "/internal/bridge/embroker",
 	module + "/internal/bridge/bench",

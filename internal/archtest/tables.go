@@ -38,6 +38,9 @@ var TableOwners = []TableOwner{
 
 	{"gitops_sources", "internal/fleet/gitops"},
 
+	{"agent_telemetry", "internal/fleet/telemetry"},
+	{"fleet_telemetry", "internal/fleet/telemetry"},
+
 	{"artifact_downloads", "internal/fleet/artifacts"},
 	{"artifact_download_keys", "internal/fleet/artifacts"},
 	{"artifact_blobs", "internal/fleet/artifacts"},

@@ -35,6 +35,7 @@ import (
 	"github.com/open-telemetry/opamp-go/client"
 	"github.com/open-telemetry/opamp-go/client/types"
 	"github.com/open-telemetry/opamp-go/protobufs"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/mqttconn"
@@ -65,6 +66,11 @@ type Options struct {
 	// HealthEvery is how often the sessions are sampled for the health
 	// report (sent only when it changed); 0 is 1s.
 	HealthEvery time.Duration
+	// Gatherer is the bridge's metrics registry: with it the bridge
+	// reports its own metrics where myriarchd offers (ownmetrics.go),
+	// every OwnMetricsInterval (0: DefaultOwnMetricsInterval).
+	Gatherer           prometheus.Gatherer
+	OwnMetricsInterval time.Duration
 }
 
 // Client is a running OpAMP client.
@@ -82,6 +88,8 @@ type Client struct {
 	lastHealth string
 	stopped    bool
 	credential string // offered by myriarchd; replaces the enrollment secret
+
+	own *ownMetrics // nil without Options.Gatherer
 }
 
 // Start connects to myriarchd in the background (opamp-go retries) and
@@ -127,12 +135,18 @@ func Start(ctx context.Context, o Options) (*Client, error) {
 	if s.HeartbeatInterval > 0 {
 		caps |= protobufs.AgentCapabilities_AgentCapabilities_ReportsHeartbeat
 	}
-	if err := c.cli.SetCapabilities(&caps); err != nil {
-		return nil, err
-	}
 	tc, err := mqttconn.TLSConfig(tlsFiles(s.TLS))
 	if err != nil {
 		return nil, fmt.Errorf("opamp.tls: %w", err)
+	}
+	onSettings := func(context.Context, *protobufs.ConnectionSettingsOffers) error { return nil }
+	if o.Gatherer != nil {
+		c.own = newOwnMetrics(c, o.Gatherer, o.OwnMetricsInterval, tc)
+		caps |= protobufs.AgentCapabilities_AgentCapabilities_ReportsOwnMetrics
+		onSettings = c.own.onConnectionSettings
+	}
+	if err := c.cli.SetCapabilities(&caps); err != nil {
+		return nil, err
 	}
 	settings := types.StartSettings{
 		OpAMPServerURL: s.ServerURL,
@@ -151,6 +165,7 @@ func Start(ctx context.Context, o Options) (*Client, error) {
 		TLSConfig:   tc,
 		Callbacks: types.Callbacks{
 			OnOpampConnectionSettings: c.onConnectionSettings,
+			OnConnectionSettings:      onSettings,
 			OnConnect:                 func(context.Context) { c.log.Info("connected to myriarchd", "url", s.ServerURL) },
 			OnConnectFailed:           func(_ context.Context, err error) { c.log.Debug("connecting to myriarchd", "err", err) },
 			OnError: func(_ context.Context, e *protobufs.ServerErrorResponse) {
@@ -170,8 +185,20 @@ func Start(ctx context.Context, o Options) (*Client, error) {
 	c.wg.Add(2)
 	go c.reportHealth()
 	go c.applyLoop()
+	if c.own != nil {
+		c.wg.Add(1)
+		go c.own.run()
+	}
 	c.log.Info("OpAMP client started", "url", s.ServerURL, "instance_uid", UIDString(uid))
 	return c, nil
+}
+
+// OwnMetricsSent is how many exports of its own metrics succeeded.
+func (c *Client) OwnMetricsSent() int {
+	if c.own == nil {
+		return 0
+	}
+	return c.own.Sends()
 }
 
 // UID is the agent's instance uid.

@@ -37,6 +37,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/authlimit"
 	"github.com/myriarch/myriarch/internal/fleet/jobs"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/telemetry"
 	"github.com/myriarch/myriarch/pgleader"
 )
 
@@ -72,6 +73,8 @@ type Options struct {
 	// RequestTimeout is the deadline of an API or UI request, its token or
 	// session check included; default 5s.
 	RequestTimeout time.Duration
+	// Telemetry reads the agents' own metrics; nil: telemetry is off.
+	Telemetry *telemetry.Reader
 }
 
 // API serves the endpoints.

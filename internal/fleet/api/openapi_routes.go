@@ -38,6 +38,10 @@ var routeDocs = map[string]Doc{
 	"POST /api/v1/agents/{uid}/revoke":                    {Summary: "revoke the agent: disconnected on every replica, cannot enroll again", Response: store.AgentCredential{}},
 	"GET /api/v1/agents/{uid}/assignment":                 {Summary: "the configuration assigned to the agent", Response: store.Assignment{}},
 	"GET /api/v1/agents/{uid}/intents":                    {Summary: "the rollout intents of the agent, newest first", Response: IntentList{}},
+	"GET /api/v1/agents/{uid}/telemetry": {Summary: "the agent's own metrics (rates per second of counters, values of gauges) over a window, per series (name, component)",
+		Response: AgentTelemetry{}, Query: map[string]string{"window": "a duration up to telemetry.coarseRetention; default 5m (read from the fine tier up to telemetry.fineRetention)"}},
+	"GET /api/v1/telemetry": {Summary: "the fleet's sums of the agents' own metrics (throughput, refused, failed) and agent counts per coarse bucket",
+		Response: FleetTelemetry{}, Query: map[string]string{"window": "a duration up to telemetry.coarseRetention; default 1h"}},
 
 	"GET /api/v1/tokens":         {Summary: "API tokens (never their secrets)", Response: TokenList{}, Query: map[string]string{"status": "active or revoked"}},
 	"POST /api/v1/tokens":        {Summary: "create an API token with a role; the answer holds its secret, shown once", Request: TokenRequest{}, Status: http.StatusCreated, Response: NewToken{}},

@@ -31,6 +31,8 @@ func (a *API) endpoints() []endpoint {
 		{operator, "POST /api/v1/agents/{uid}/restart", a.restartAgent},
 		{viewer, "GET /api/v1/agents/{uid}/assignment", a.assignment},
 		{viewer, "GET /api/v1/agents/{uid}/intents", a.agentIntents},
+		{viewer, "GET /api/v1/agents/{uid}/telemetry", a.agentTelemetry},
+		{viewer, "GET /api/v1/telemetry", a.fleetTelemetry},
 		{admin, "GET /api/v1/agents/{uid}/credential", a.getCredential},
 		{admin, "POST /api/v1/agents/{uid}/credential/rotate", a.rotateCredential},
 		{admin, "POST /api/v1/agents/{uid}/credential/allow-reenroll", a.allowReenroll},

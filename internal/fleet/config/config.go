@@ -40,7 +40,20 @@ type Config struct {
 	Jobs      Jobs
 	GitOps    GitOps
 	Artifacts Artifacts
+	Telemetry Telemetry
 	Log       Log
+}
+
+// Telemetry is the agents' own metrics (package telemetry).
+type Telemetry struct {
+	Enabled           bool
+	PublicURL         string
+	FlushInterval     time.Duration
+	FineResolution    time.Duration
+	FineRetention     time.Duration
+	CoarseResolution  time.Duration
+	CoarseRetention   time.Duration
+	MaxSeriesPerAgent int64
 }
 
 // GitOps is the Git source of configurations (package gitops).
@@ -540,6 +553,27 @@ var Settings = []Setting{
 		func(c *Config) *string { return &c.GitOps.SSHKnownHostsFile }),
 	strSetting("gitops.webhookSecret", "", "must be empty or at least 16 characters", "Secret of POST /api/v1/gitops/webhook (HMAC-SHA256 for GitHub and Gitea, the token for GitLab); empty refuses webhook calls.",
 		func(s string) bool { return s == "" || len(s) >= 16 }, func(c *Config) *string { return &c.GitOps.WebhookSecret }),
+	boolSetting("telemetry.enabled", "true",
+		"Offer agents that report their own metrics (OpAMP ReportsOwnMetrics) the OTLP/HTTP endpoint POST /v1/metrics on the OpAMP listener, authenticated with their own credential, and keep the rates of docs/myriarchd.md#telemetry.",
+		func(c *Config) *bool { return &c.Telemetry.Enabled }),
+	strSetting("telemetry.publicUrl", "", "must be empty or an http:// or https:// URL",
+		"URL of the OTLP/HTTP metrics endpoint offered to agents (with its path, e.g. https://opamp.example.com/v1/metrics); empty: the address the agent used for OpAMP, with http(s) and the path /v1/metrics.",
+		func(s string) bool {
+			return s == "" || strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
+		}, func(c *Config) *string { return &c.Telemetry.PublicURL }),
+	durSetting("telemetry.flushInterval", "10s", 100*time.Millisecond, time.Minute,
+		"How often received own metrics are written in one batch.", func(c *Config) *time.Duration { return &c.Telemetry.FlushInterval }),
+	durSetting("telemetry.fineResolution", "10s", time.Second, 10*time.Minute,
+		"Bucket of the fine tier: one value per series and bucket (the last sent).", func(c *Config) *time.Duration { return &c.Telemetry.FineResolution }),
+	durSetting("telemetry.fineRetention", "1h", time.Minute, 7*24*time.Hour,
+		"How long the fine tier is kept; windows up to it are read from it.", func(c *Config) *time.Duration { return &c.Telemetry.FineRetention }),
+	durSetting("telemetry.coarseResolution", "1m", 10*time.Second, time.Hour,
+		"Bucket of the coarse tier; also the interval of the leader's telemetry job (fleet sums, retention).", func(c *Config) *time.Duration { return &c.Telemetry.CoarseResolution }),
+	durSetting("telemetry.coarseRetention", "168h", time.Hour, 8760*time.Hour,
+		"How long the coarse tier and the fleet sums are kept; the longest window the API answers.", func(c *Config) *time.Duration { return &c.Telemetry.CoarseRetention }),
+	intSetting("telemetry.maxSeriesPerAgent", "256", 1, 100000,
+		"Most series one agent keeps (a series is a catalog name and a component); further ones are dropped and counted in myriarch_telemetry_samples_dropped_total.",
+		func(c *Config) *int64 { return &c.Telemetry.MaxSeriesPerAgent }),
 	strSetting("log.level", "info", "must be one of debug, info, warn, error", "Log level.",
 		func(s string) bool { return slices.Contains([]string{"debug", "info", "warn", "error"}, s) }, func(c *Config) *string { return &c.Log.Level }),
 	strSetting("log.format", "text", "must be text or json", "Log format.",
@@ -778,7 +812,29 @@ func (c *Config) crossCheck() []error {
 	if _, err := c.keepalive(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.Telemetry.check()...)
 	return append(errs, c.Artifacts.check()...)
+}
+
+func (t Telemetry) check() []error {
+	var errs []error
+	if t.CoarseResolution%t.FineResolution != 0 {
+		errs = append(errs, &FieldError{Field: "telemetry.coarseResolution", Value: t.CoarseResolution.String(),
+			Rule: fmt.Sprintf("must be a multiple of telemetry.fineResolution (%v)", t.FineResolution)})
+	}
+	if t.FineResolution%time.Second != 0 || t.CoarseResolution%time.Second != 0 {
+		errs = append(errs, &FieldError{Field: "telemetry.fineResolution", Value: t.FineResolution.String(),
+			Rule: "telemetry.fineResolution and telemetry.coarseResolution must be whole seconds"})
+	}
+	if t.FineRetention < 3*t.FineResolution {
+		errs = append(errs, &FieldError{Field: "telemetry.fineRetention", Value: t.FineRetention.String(),
+			Rule: fmt.Sprintf("must be at least 3 × telemetry.fineResolution (%v)", 3*t.FineResolution)})
+	}
+	if t.CoarseRetention < t.FineRetention {
+		errs = append(errs, &FieldError{Field: "telemetry.coarseRetention", Value: t.CoarseRetention.String(),
+			Rule: fmt.Sprintf("must be at least telemetry.fineRetention (%v)", t.FineRetention)})
+	}
+	return errs
 }
 
 func (a Artifacts) check() []error {

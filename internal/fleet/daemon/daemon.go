@@ -41,6 +41,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/releases"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/telemetry"
 	"github.com/myriarch/myriarch/internal/fleet/upgrades"
 	"github.com/myriarch/myriarch/internal/version"
 	"github.com/myriarch/myriarch/pgleader"
@@ -84,9 +85,15 @@ type Daemon struct {
 	Runner  *jobs.Runner
 	Reg     *prometheus.Registry
 
-	batcher  *lastseen.Batcher
-	httpSrv  *http.Server
-	httpAddr net.Addr
+	batcher *lastseen.Batcher
+	// Telemetry reads the agents' own metrics; nil when telemetry.enabled
+	// is false.
+	Telemetry   *telemetry.Reader
+	teleBatcher *telemetry.Batcher
+	teleCancel  context.CancelFunc
+	teleDone    chan struct{}
+	httpSrv     *http.Server
+	httpAddr    net.Addr
 
 	// leadership is the latest term this replica was elected in (nil
 	// before the first); its InTerm refuses writes once that term is over.
@@ -144,7 +151,18 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	// endpoint (AgentAuth), so they share the cached keys.
 	tokens := artifacts.NewTokens(d.Store.Pool)
 	proxies, limits := listenerLimits(cfg.Server)
-	d.OpAMP = opampserver.New(opampserver.Options{Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID, Listener: limits,
+	var ownMetrics opampserver.OwnMetricsSink
+	teleAgg := telemetry.NewAggregates()
+	if t := cfg.Telemetry; t.Enabled {
+		tiers := telemetry.Tiers{FineResolution: t.FineResolution, FineRetention: t.FineRetention,
+			CoarseResolution: t.CoarseResolution, CoarseRetention: t.CoarseRetention}
+		d.teleBatcher = telemetry.NewBatcher(telemetry.BatcherOptions{Pool: d.Store.Pool, Tiers: tiers, FlushInterval: t.FlushInterval,
+			MaxSeriesPerAgent: int(t.MaxSeriesPerAgent), Log: d.log, Registerer: d.Reg})
+		d.Telemetry = &telemetry.Reader{Pool: d.Store.Pool, Tiers: tiers}
+		ownMetrics = &telemetry.Receiver{Batcher: d.teleBatcher}
+		d.Reg.MustRegister(teleAgg)
+	}
+	d.OpAMP = opampserver.New(opampserver.Options{OwnMetrics: ownMetrics, OwnMetricsURL: cfg.Telemetry.PublicURL, Store: d.Store, Batcher: d.batcher, ReplicaID: cfg.HA.ReplicaID, Listener: limits,
 		Nonce: d.nonce, Secret: cfg.Server.EnrollmentSecret, Log: d.log, Registerer: d.Reg,
 		MaxMessageBytes: cfg.Server.OpAMPMaxMessageBytes, AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute,
 		ReconnectsPerMinute: cfg.Agents.ReconnectsPerMinute, OfflineAfter: cfg.Agents.OfflineAfter,
@@ -191,6 +209,9 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		prefetch.Job(cfg.Jobs.ArtifactPrefetchInterval),
 		(&upgrades.Engine{Pool: d.Store.Pool, LockKey: cfg.HA.LeaderLockKey, Log: d.log}).Job(cfg.Jobs.RolloutInterval),
 	}
+	if d.Telemetry != nil {
+		leaderJobs = append(leaderJobs, d.Telemetry.Job(agentCounts{d.Store}, teleAgg))
+	}
 	var poller *gitops.Poller
 	if g := cfg.GitOps; g.RepoURL != "" {
 		poller = gitops.New(gitops.Options{Store: d.Store, LockKey: cfg.HA.LeaderLockKey, RepoURL: g.RepoURL, Ref: g.Ref, Path: g.Path,
@@ -221,7 +242,7 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 		return nil, err
 	}
 
-	d.API = api.New(api.Options{Store: d.Store, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log,
+	d.API = api.New(api.Options{Store: d.Store, Telemetry: d.Telemetry, Cluster: d.Elector, Jobs: d.Runner.Statuses, Ready: d.ready, Gatherer: d.Reg, Log: d.log,
 		AuthFailuresPerMinute: cfg.Server.AuthFailuresPerMinute, SessionTTL: cfg.Server.UISessionTTL,
 		Proxies: proxies, AuthFailurePenalty: cfg.Server.AuthFailurePenalty, RequestTimeout: cfg.Server.RequestTimeout})
 	mux := http.NewServeMux()
@@ -262,6 +283,12 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	bgctx, d.bgCancel = context.WithCancel(context.Background())
 	d.bgDone = make(chan struct{})
 	go func() { defer close(d.bgDone); d.batcher.Run(bgctx) }()
+	if d.teleBatcher != nil {
+		var tctx context.Context
+		tctx, d.teleCancel = context.WithCancel(context.Background())
+		d.teleDone = make(chan struct{})
+		go func() { defer close(d.teleDone); d.teleBatcher.Run(tctx) }()
+	}
 	bus := eventbus.New(d.Elector.Listen, store.NotifyChannel, d.OpAMP, cfg.Agents.ReconcileInterval, d.log, d.Reg)
 	busctx, d.busCancel = context.WithCancel(context.Background())
 	d.busDone = make(chan struct{})
@@ -269,6 +296,23 @@ func Start(ctx context.Context, o Options) (d *Daemon, err error) {
 	d.log.Info("myriarchd replica started", "replica", cfg.HA.ReplicaID, "opamp", d.OpAMP.Addr().String()+cfg.Server.OpAMPPath,
 		"http", d.httpAddr.String(), "leaderSessionTimeout", cfg.HA.LeaderSessionTimeout)
 	return d, nil
+}
+
+// stopTelemetry stops the own-metrics batcher (it flushes once more).
+func (d *Daemon) stopTelemetry() {
+	if d.teleCancel != nil {
+		d.teleCancel()
+		<-d.teleDone
+		d.teleCancel = nil
+	}
+}
+
+// agentCounts counts agents for the telemetry job.
+type agentCounts struct{ st *store.Store }
+
+func (a agentCounts) Counts(ctx context.Context) (online, offline, unhealthy int64, err error) {
+	c, err := a.st.Counts(ctx)
+	return c.Online, c.Offline, c.Unhealthy, err
 }
 
 // artifactS3 is the S3 store of artifacts.store s3, else of the S3
@@ -368,6 +412,7 @@ func (d *Daemon) shutdown() error {
 	cancel()
 	d.bgCancel()
 	<-d.bgDone
+	d.stopTelemetry() // its last flush, within 5 s
 	d.log.Info("agent connections closed", "took", time.Since(t))
 	t = phase(PhaseFinalFlush)
 	ctx, cancel = context.WithTimeout(context.Background(), config.FinalFlushDeadline)
@@ -421,6 +466,7 @@ func (d *Daemon) abort() {
 		d.busCancel()
 		<-d.busDone
 	}
+	d.stopTelemetry()
 	d.jobsWG.Wait()
 	if d.httpSrv != nil {
 		_ = d.httpSrv.Close()

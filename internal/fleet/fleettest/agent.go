@@ -51,6 +51,9 @@ type AgentOptions struct {
 	// of Secret from its next connection on, and takes a new instance UID
 	// when told to.
 	Credential bool
+	// OwnMetrics declares ReportsOwnMetrics and keeps the own_metrics
+	// destination myriarchd offers (OwnMetrics).
+	OwnMetrics bool
 }
 
 // Agent is a running opamp-go client that applies remote configs.
@@ -70,6 +73,14 @@ type Agent struct {
 	cred    string
 	curUID  types.InstanceUid
 	offers  int
+	own     *protobufs.TelemetryConnectionSettings
+}
+
+// OwnMetrics is the last own_metrics destination offered, or nil.
+func (a *Agent) OwnMetrics() *protobufs.TelemetryConnectionSettings {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.own
 }
 
 // StartAgent starts an agent. Stop it with Stop.
@@ -112,6 +123,9 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 	if o.Credential {
 		caps |= protobufs.AgentCapabilities_AgentCapabilities_AcceptsOpAMPConnectionSettings
 	}
+	if o.OwnMetrics {
+		caps |= protobufs.AgentCapabilities_AgentCapabilities_ReportsOwnMetrics
+	}
 	a.curUID = a.UID
 	if err := a.Client.SetCapabilities(&caps); err != nil {
 		return nil, err
@@ -136,6 +150,14 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 						a.offers++
 						a.mu.Unlock()
 					}
+				}
+				return nil
+			},
+			OnConnectionSettings: func(_ context.Context, s *protobufs.ConnectionSettingsOffers) error {
+				if s.GetOwnMetrics() != nil {
+					a.mu.Lock()
+					a.own = s.GetOwnMetrics()
+					a.mu.Unlock()
 				}
 				return nil
 			},

@@ -234,6 +234,7 @@ func (s *Server) onWSMessage(ctx context.Context, ac *agentConn, uid string, msg
 			resp.Flags |= uint64(protobufs.ServerToAgentFlags_ServerToAgentFlags_ReportFullState)
 		}
 		resp.PackagesAvailable = s.packagesFor(ctx, ac, uid)
+		s.ownMetricsOffer(ac, msg.Capabilities, resp)
 	} else if uid != ac.uid {
 		return resp
 	} else if isHeartbeat(msg) {
@@ -325,6 +326,9 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 		}
 		if first && msg.AgentDescription == nil {
 			resp.Flags |= uint64(protobufs.ServerToAgentFlags_ServerToAgentFlags_ReportFullState)
+		}
+		if first {
+			s.ownMetricsOffer(ac, msg.Capabilities, resp)
 		}
 	}
 	s.o.Batcher.Touch(uid, HTTPConnID, now)

@@ -52,6 +52,9 @@ type connAuth struct {
 	cert bool
 	// source is the client address (authlimit.Source).
 	source string
+	// token is the credential presented (repeated in the own-metrics
+	// offer; telemetry_offer.go).
+	token string
 }
 
 // authenticate checks the bearer token of r: the enrollment secret or an
@@ -84,7 +87,7 @@ func (s *Server) authenticate(r *http.Request) (connAuth, int) {
 	if !ok {
 		return a, http.StatusUnauthorized
 	}
-	a.uid = uid
+	a.uid, a.token = uid, tok
 	return a, 0
 }
 
@@ -362,7 +365,7 @@ func (s *Server) offer(cred, endpoint string, caps uint64, ws bool, hb uint64) *
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
-	return &protobufs.ConnectionSettingsOffers{Hash: nonce[:], Opamp: o}
+	return &protobufs.ConnectionSettingsOffers{Hash: nonce[:], Opamp: o, OwnMetrics: s.ownMetricsSettings(cred, endpoint, caps)}
 }
 
 // revoke closes the connection of a revoked agent here and forgets it as

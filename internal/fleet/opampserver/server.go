@@ -106,6 +106,13 @@ type Options struct {
 	LearnHeartbeatWithin time.Duration
 	// Listener protects the listener (bodyguard.go).
 	Listener ListenerLimits
+	// OwnMetrics, when set, serves the agents' own metrics on
+	// OwnMetricsPath (default /v1/metrics) and offers it to agents that
+	// report them; OwnMetricsURL overrides the offered URL
+	// (telemetry_offer.go).
+	OwnMetrics     OwnMetricsSink
+	OwnMetricsPath string
+	OwnMetricsURL  string
 }
 
 // Server is the OpAMP side of one replica: it serves the listener and the
@@ -208,6 +215,9 @@ func (s *Server) Start(addr, path string, tlsCfg *tls.Config) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(path, s.guard.wrap(http.HandlerFunc(s.handler)))
+	if s.o.OwnMetrics != nil {
+		mux.Handle(s.ownMetricsPath(), s.ownMetricsHandler())
+	}
 	// No read or write timeout: WebSocket connections last for hours. A
 	// plain-HTTP body is read under its own deadline, after
 	// authentication (bodyguard.go).

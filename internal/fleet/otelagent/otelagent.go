@@ -145,6 +145,17 @@ type Options struct {
 	// StartTimeout bounds the start (until the supervisor reports that it
 	// connected); default 90s (a loaded machine).
 	StartTimeout time.Duration
+	// OwnMetrics declares reports_own_metrics (and accepts OpAMP
+	// connection settings, to hold the credential that the own-metrics
+	// destination is offered with). The collector's own metrics are then
+	// on: pulled on a free port of 127.0.0.1 until myriarchd offers a
+	// destination, then pushed there every OwnMetricsInterval (the SDK's
+	// OTEL_METRIC_EXPORT_INTERVAL; default 2s). Only the bootstrap
+	// collector (a few seconds at start) binds localhost:8888: it takes
+	// agent.args and no config file, so do not start two such supervisors
+	// at once.
+	OwnMetrics         bool
+	OwnMetricsInterval time.Duration
 }
 
 // Supervisor is a running OpAMP supervisor and its collector.
@@ -167,7 +178,10 @@ const configTmpl = `server:
     Authorization: ["Bearer {{.Secret}}"]
 capabilities:
   reports_effective_config: true
-  reports_own_metrics: false
+  reports_own_metrics: {{.OwnMetrics}}
+{{- if .OwnMetrics}}
+  accepts_opamp_connection_settings: true
+{{- end}}
   reports_own_logs: false
   reports_own_traces: false
   reports_health: true
@@ -184,7 +198,13 @@ agent:
   validate_config: {{.Validate}}
   config_apply_timeout: 10s
   bootstrap_timeout: 30s
+{{- if .OwnMetrics}}
+  config_files: ["{{.Base}}", "$OWN_TELEMETRY_CONFIG", "$OPAMP_EXTENSION_CONFIG", "$REMOTE_CONFIG"]
+  env:
+    OTEL_METRIC_EXPORT_INTERVAL: "{{.IntervalMS}}"
+{{- else}}
   args: ["--config", "{{.TelemetryOff}}"]
+{{- end}}
 telemetry:
   logs:
     level: info
@@ -201,10 +221,20 @@ func Start(t testing.TB, serverURL string, o Options) *Supervisor {
 	}
 	dir := t.TempDir()
 	s := &Supervisor{t: t, dir: dir, bin: sup, o: o, cfgPath: filepath.Join(dir, "supervisor.yaml")}
+	base := filepath.Join(dir, "own-metrics-base.yaml")
+	if o.OwnMetrics {
+		if o.OwnMetricsInterval <= 0 {
+			o.OwnMetricsInterval = 2 * time.Second
+		}
+		if err := os.WriteFile(base, fmt.Appendf(nil, ownMetricsBase, FreePort(t)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var b bytes.Buffer
 	err := template.Must(template.New("cfg").Parse(configTmpl)).Execute(&b, map[string]any{
 		"Endpoint": serverURL, "Secret": o.Secret, "Storage": filepath.Join(dir, "storage"), "Collector": col,
-		"Validate": o.ValidateConfig, "Heartbeat": o.Heartbeat, "TelemetryOff": TelemetryOff})
+		"Validate": o.ValidateConfig, "Heartbeat": o.Heartbeat, "TelemetryOff": TelemetryOff,
+		"OwnMetrics": o.OwnMetrics, "Base": base, "IntervalMS": o.OwnMetricsInterval.Milliseconds()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +261,22 @@ func Start(t testing.TB, serverURL string, o Options) *Supervisor {
 // supervisor's own) that turns the collector's own metrics off, so that
 // it does not bind localhost:8888.
 const TelemetryOff = "yaml:service::telemetry::metrics::level: none"
+
+// ownMetricsBase is the first config file of an OwnMetrics collector: its
+// own metrics on, pulled on a free port (%d) until the supervisor's own
+// telemetry section (merged after it) replaces the readers with the
+// offered destination.
+const ownMetricsBase = `service:
+  telemetry:
+    metrics:
+      level: normal
+      readers:
+        - pull:
+            exporter:
+              prometheus:
+                host: 127.0.0.1
+                port: %d
+`
 
 func (s *Supervisor) start() error {
 	s.mu.Lock()

@@ -211,6 +211,8 @@ type rolloutData struct {
 	CanPause, CanResume, CanRollback, CanAbort bool
 	// Live: the page reloads itself (an active rollout, unless ?refresh=0).
 	Live bool
+	// Throughput of its agents around its waves (telemetry.go); nil: none.
+	Throughput *rolloutPicture
 }
 
 func (h *handler) rollout(w http.ResponseWriter, r *http.Request) {
@@ -227,6 +229,7 @@ func (h *handler) rollout(w http.ResponseWriter, r *http.Request) {
 		CanResume: d.State == rollout.StatePaused, CanRollback: (d.State == rollout.StateRunning || d.State == rollout.StatePaused) && d.FromRevision > 0,
 		CanAbort: d.Active()}
 	rd.Live = d.Active() && r.URL.Query().Get("refresh") != "0"
+	rd.Throughput = h.rolloutPicture(r.Context(), d)
 	h.renderRefresh(w, r, "rollout", fmt.Sprintf("Rollout %d", id), rd, rd.Live)
 }
 

@@ -254,10 +254,18 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
-	h.render(w, r, "overview", "Fleet overview", ov)
+	h.render(w, r, "overview", "Fleet overview", overviewPage{Overview: ov, Pictures: h.fleetPictures(r.Context())})
+}
+
+// overviewPage is the overview with its pictures (telemetry.go).
+type overviewPage struct {
+	api.Overview
+	Pictures *fleetPictures
 }
 
 type agentsData struct {
+	// Sparks are the agents' throughput sparklines (telemetry.go).
+	Sparks   map[string]template.HTML
 	Filter   store.Filter
 	Selector string
 	// Roles are the choices of the session role filter.
@@ -287,6 +295,7 @@ func (h *handler) agents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Agents, d.Next = list.Agents, list.Next
+	d.Sparks = h.agentSparks(r.Context(), d.Agents)
 	if d.Next != "" {
 		nq := url.Values{}
 		for k, v := range q {
@@ -320,7 +329,8 @@ func (h *handler) agentPage(w http.ResponseWriter, r *http.Request, actionErr st
 		h.fail(w, err)
 		return
 	}
-	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Assignment: as, Intents: in, Notice: notices[r.URL.Query().Get("done")], Error: actionErr})
+	h.render(w, r, "agent", title, agentPage{AgentDetail: d, Assignment: as, Intents: in, Notice: notices[r.URL.Query().Get("done")], Error: actionErr,
+		Telemetry: h.agentTelemetry(r.Context(), d.Agent.InstanceUID)})
 }
 
 // agentPage is the agent page: the API's detail, its configuration
@@ -331,6 +341,8 @@ type agentPage struct {
 	Assignment    store.Assignment
 	Intents       []rollout.Intent
 	Notice, Error string
+	// Telemetry are the charts of its own metrics (nil: telemetry off).
+	Telemetry *agentCharts
 }
 
 func (h *handler) cluster(w http.ResponseWriter, r *http.Request) {
