@@ -23,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/myriarch/myriarch/internal/cli"
-	"github.com/myriarch/myriarch/internal/fleet/config"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
@@ -131,41 +130,16 @@ func rolloutBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer)
 			return err
 		}
 	}
-	port := func() string {
-		p, _ := pgtest.FreePort("127.0.0.1")
-		return "127.0.0.1:" + strconv.Itoa(p)
-	}
-	httpAddr, opampAddr := port(), port()
 	const secret = "rollout-bench-secret-0123"
-	settings := map[string]string{"database.url": o.dsn, "server.enrollmentSecret": secret, "ha.replicaId": "bench",
-		"server.httpListen": httpAddr, "server.opampListen": opampAddr, "jobs.rolloutInterval": o.interval.String(), "log.level": "warn",
-		// Thousands of new agents enroll from one address at once.
-		"server.enrollmentsPerMinute": "1000000"}
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "MYRIARCH_") {
-			env = append(env, kv)
-		}
-	}
-	for k, v := range settings {
-		env = append(env, config.EnvName(k)+"="+v)
-	}
-	cmd := exec.CommandContext(ctx, exe, "serve")
-	cmd.Env = env
-	cmd.Stdout = io.Discard
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
+	rep, err := startReplicaProc(ctx, exe, "bench", o.dsn, secret, map[string]string{"jobs.rolloutInterval": o.interval.String()}, stderr)
+	if err != nil {
 		return err
 	}
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	}()
-	if !fleettest.Eventually(time.Minute, func() bool {
-		return strings.Contains(scrapeMetrics("http://"+httpAddr+"/metrics"), "\nmyriarch_leader 1\n")
-	}) {
+	defer rep.stop()
+	if !fleettest.Eventually(time.Minute, rep.leads) {
 		return errors.New("the replica did not start leading")
 	}
+	httpAddr, opampAddr := rep.httpAddr, rep.opampAddr
 
 	// The agents.
 	start := time.Now()
@@ -211,43 +185,25 @@ func rolloutBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer)
 	emitJSON(stdout, map[string]any{"event": "agents_connected", "agents": o.agents, "took_s": time.Since(start).Seconds()})
 
 	st := &store.Store{Pool: pool}
-	if _, err := (configs.Service{Store: st}).Put(ctx, store.ConfigDef{Name: "bench", Type: configs.TypeYAML, Selector: map[string]string{"role": "bench"}}); err != nil {
-		return err
-	}
-	if _, _, err := (configs.Service{Store: st}).AddRevision(ctx, "bench", "receivers: {otlp: {}}\nexporters: {debug: {}}\n", "bench", ""); err != nil {
-		return err
-	}
 	before, err := benchSample(ctx, pool, "http://"+httpAddr+"/metrics")
 	if err != nil {
 		return err
 	}
-	ro, err := (rollout.Service{Store: st}).Create(ctx, rollout.Request{Config: "bench", Spec: rollout.Spec{Waves: o.waves, MaxInProgress: o.maxIn,
-		BakeS: rollout.Secs(o.bake.Seconds())}}, "bench")
+	id, err := startBenchRollout(ctx, st, "bench", map[string]string{"role": "bench"}, "receivers: {otlp: {}}\nexporters: {debug: {}}\n",
+		rollout.Spec{Waves: o.waves, MaxInProgress: o.maxIn, BakeS: rollout.Secs(o.bake.Seconds())})
 	if err != nil {
 		return err
 	}
-	var d rollout.Detail
-	if !fleettest.Eventually(30*time.Minute, func() bool {
-		d, err = (rollout.Service{Store: st}).Detail(ctx, ro.ID, 1)
-		return err == nil && !d.Active()
-	}) {
-		return fmt.Errorf("rollout did not finish: %+v", d.Counts)
+	d, err := waitRollout(ctx, st, id, 30*time.Minute)
+	if err != nil {
+		return err
 	}
 	after, err := benchSample(ctx, pool, "http://"+httpAddr+"/metrics")
 	if err != nil {
 		return err
 	}
-	if d.State != rollout.StateSucceeded {
-		return fmt.Errorf("rollout %s: %s %+v", d.State, d.Reason, d.Counts)
-	}
-	emitJSON(stdout, map[string]any{"event": "planned", "agents": o.agents, "waves": len(d.WaveProgress),
-		"plan_s": d.PlannedAt.Sub(*d.PlanStartedAt).Seconds(), "created_to_planned_s": d.PlannedAt.Sub(d.CreatedAt).Seconds(),
-		"rollout_interval_s": o.interval.Seconds()})
-	for _, w := range d.WaveProgress {
-		emitJSON(stdout, map[string]any{"event": "wave", "wave": w.Wave, "agents": w.Size,
-			"apply_s":      w.CompletedAt.Sub(*w.StartedAt).Seconds(),
-			"gate_s":       w.GatePassedAt.Sub(*w.CompletedAt).Seconds(),
-			"wave_total_s": w.GatePassedAt.Sub(*w.StartedAt).Seconds(), "bake_s": o.bake.Seconds()})
+	for _, ev := range rolloutEvents(d, o.agents, o.bake, o.interval) {
+		emitJSON(stdout, ev)
 	}
 	dt := after.at.Sub(before.at).Seconds()
 	emitJSON(stdout, map[string]any{"event": "total", "agents": o.agents, "rollout_s": d.FinishedAt.Sub(d.CreatedAt).Seconds(),
@@ -294,4 +250,50 @@ func scrapeMetrics(url string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// startBenchRollout puts configuration name (selecting the agents with
+// selector; kept when it exists), adds a revision with body and creates a
+// rollout of it with spec. It returns the rollout's id.
+func startBenchRollout(ctx context.Context, st *store.Store, name string, selector map[string]string, body string, spec rollout.Spec) (int64, error) {
+	if _, err := (configs.Service{Store: st}).Put(ctx, store.ConfigDef{Name: name, Type: configs.TypeYAML, Selector: selector}); err != nil {
+		return 0, err
+	}
+	if _, _, err := (configs.Service{Store: st}).AddRevision(ctx, name, body, "bench", ""); err != nil {
+		return 0, err
+	}
+	ro, err := (rollout.Service{Store: st}).Create(ctx, rollout.Request{Config: name, Spec: spec}, "bench")
+	return ro.ID, err
+}
+
+// waitRollout waits until rollout id is no longer active and returns its
+// detail; a rollout that did not succeed is an error.
+func waitRollout(ctx context.Context, st *store.Store, id int64, timeout time.Duration) (rollout.Detail, error) {
+	var d rollout.Detail
+	var err error
+	if !fleettest.Eventually(timeout, func() bool {
+		d, err = (rollout.Service{Store: st}).Detail(ctx, id, 1)
+		return ctx.Err() != nil || err == nil && !d.Active()
+	}) || ctx.Err() != nil {
+		return d, fmt.Errorf("rollout %d did not finish within %s: %+v", id, timeout, d.Counts)
+	}
+	if d.State != rollout.StateSucceeded {
+		return d, fmt.Errorf("rollout %s: %s %+v", d.State, d.Reason, d.Counts)
+	}
+	return d, nil
+}
+
+// rolloutEvents are the JSON lines of a finished rollout: its plan, then
+// each wave's time to apply and to pass its gate.
+func rolloutEvents(d rollout.Detail, agents int, bake, interval time.Duration) []map[string]any {
+	evs := []map[string]any{{"event": "planned", "agents": agents, "waves": len(d.WaveProgress),
+		"plan_s": d.PlannedAt.Sub(*d.PlanStartedAt).Seconds(), "created_to_planned_s": d.PlannedAt.Sub(d.CreatedAt).Seconds(),
+		"rollout_interval_s": interval.Seconds()}}
+	for _, w := range d.WaveProgress {
+		evs = append(evs, map[string]any{"event": "wave", "wave": w.Wave, "agents": w.Size,
+			"apply_s":      w.CompletedAt.Sub(*w.StartedAt).Seconds(),
+			"gate_s":       w.GatePassedAt.Sub(*w.CompletedAt).Seconds(),
+			"wave_total_s": w.GatePassedAt.Sub(*w.StartedAt).Seconds(), "bake_s": bake.Seconds()})
+	}
+	return evs
 }

@@ -22,6 +22,11 @@ type Writer interface {
 
 type key struct{ uid, conn string }
 
+type seenAt struct {
+	at      time.Time
+	replica string
+}
+
 // Batcher collects last-seen times and events between flushes.
 type Batcher struct {
 	w        Writer
@@ -29,7 +34,7 @@ type Batcher struct {
 	log      *slog.Logger
 
 	mu     sync.Mutex
-	seen   map[key]time.Time
+	seen   map[key]seenAt
 	events []store.Event
 
 	flushMu sync.Mutex // one flush at a time
@@ -45,7 +50,7 @@ func New(w Writer, interval time.Duration, log *slog.Logger, reg prometheus.Regi
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Batcher{w: w, interval: interval, log: log, seen: map[key]time.Time{},
+	b := &Batcher{w: w, interval: interval, log: log, seen: map[key]seenAt{},
 		flushes:  prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_lastseen_flushes_total", Help: "Batched flushes of last-seen times and events."}),
 		rows:     prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_lastseen_rows_total", Help: "Last-seen times and events written."}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "myriarch_lastseen_flush_failures_total", Help: "Failed flushes (the batch is kept for the next one)."}),
@@ -57,11 +62,16 @@ func New(w Writer, interval time.Duration, log *slog.Logger, reg prometheus.Regi
 }
 
 // Touch records that agent uid was seen on connection conn at time at.
-func (b *Batcher) Touch(uid, conn string, at time.Time) {
+func (b *Batcher) Touch(uid, conn string, at time.Time) { b.TouchOn(uid, conn, "", at) }
+
+// TouchOn is Touch that also records replica as the agent's replica with
+// the time (store.Seen.Replica): for plain-HTTP agents, whose polls may
+// reach any replica behind a load balancer.
+func (b *Batcher) TouchOn(uid, conn, replica string, at time.Time) {
 	b.mu.Lock()
 	k := key{uid, conn}
-	if at.After(b.seen[k]) {
-		b.seen[k] = at
+	if at.After(b.seen[k].at) {
+		b.seen[k] = seenAt{at, replica}
 	}
 	b.mu.Unlock()
 }
@@ -105,22 +115,22 @@ func (b *Batcher) Flush(ctx context.Context) error {
 	defer b.flushMu.Unlock()
 	b.mu.Lock()
 	seen, events := b.seen, b.events
-	b.seen, b.events = make(map[key]time.Time, len(seen)), nil
+	b.seen, b.events = make(map[key]seenAt, len(seen)), nil
 	b.mu.Unlock()
 	if len(seen) == 0 && len(events) == 0 {
 		return nil
 	}
 	batch := make([]store.Seen, 0, len(seen))
-	for k, at := range seen {
-		batch = append(batch, store.Seen{UID: k.uid, ConnID: k.conn, At: at})
+	for k, v := range seen {
+		batch = append(batch, store.Seen{UID: k.uid, ConnID: k.conn, At: v.at, Replica: v.replica})
 	}
 	_, errSeen := b.w.FlushSeen(ctx, batch)
 	errEv := b.w.InsertEvents(ctx, events)
 	b.mu.Lock()
 	if errSeen != nil {
-		for k, at := range seen {
-			if at.After(b.seen[k]) {
-				b.seen[k] = at
+		for k, v := range seen {
+			if v.at.After(b.seen[k].at) {
+				b.seen[k] = v
 			}
 		}
 	}

@@ -111,3 +111,28 @@ func TestRunFlushesPeriodicallyAndStops(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TouchOn carries the replica with the newest time of an agent's
+// connection; an older touch from another replica does not replace it.
+func TestTouchOnCarriesTheReplica(t *testing.T) {
+	w := &fakeWriter{}
+	b := New(w, time.Hour, nil, nil)
+	t0 := time.Unix(1000, 0)
+	b.TouchOn("h", "http", "r1", t0)
+	b.TouchOn("h", "http", "r2", t0.Add(time.Second))
+	b.TouchOn("h", "http", "r3", t0.Add(-time.Second))
+	b.Touch("w", "c1", t0)
+	if err := b.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]store.Seen{}
+	for _, s := range w.seen {
+		got[s.UID] = s
+	}
+	if h := got["h"]; h.Replica != "r2" || !h.At.Equal(t0.Add(time.Second)) {
+		t.Errorf("plain-HTTP agent: %+v", h)
+	}
+	if ws := got["w"]; ws.Replica != "" {
+		t.Errorf("WebSocket agent got a replica: %+v", ws)
+	}
+}

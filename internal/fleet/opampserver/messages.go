@@ -331,7 +331,7 @@ func (s *Server) onHTTPMessage(ctx context.Context, ac *agentConn, uid string, m
 			s.ownMetricsOffer(ac, msg.Capabilities, resp)
 		}
 	}
-	s.o.Batcher.Touch(uid, HTTPConnID, now)
+	s.o.Batcher.TouchOn(uid, HTTPConnID, s.o.ReplicaID, now)
 	st := s.state(uid, msg, now, &ha.rep)
 	if err := s.o.Store.UpdateState(ctx, uid, HTTPConnID, st); err != nil {
 		s.log.Warn("storing agent state failed", "agent", uid, "error", err)

@@ -345,3 +345,30 @@ func CountOnline(ctx context.Context, q Querier, attrs map[string]string) (int64
 	}
 	return n, err
 }
+
+// OnlineOnByConn counts the online agents on replica: those whose
+// connection id is not connID (WebSocket agents, for connID the plain-HTTP
+// one), those whose it is, and all online agents anywhere.
+func OnlineOnByConn(ctx context.Context, q Querier, replica, connID string) (other, withConn, online int64, err error) {
+	err = q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'online' AND replica_id = $1 AND connection_id <> $2),
+		count(*) FILTER (WHERE status = 'online' AND replica_id = $1 AND connection_id = $2),
+		count(*) FILTER (WHERE status = 'online') FROM agents`, replica, connID).Scan(&other, &withConn, &online)
+	return other, withConn, online, err
+}
+
+// SampleOnline returns up to n online agents picked at random.
+func SampleOnline(ctx context.Context, q Querier, n int) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT instance_uid FROM agents WHERE status = 'online' ORDER BY random() LIMIT $1`, n)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// OnlineAmongByConn counts which of uids are online: those whose
+// connection id is not connID and those whose it is.
+func OnlineAmongByConn(ctx context.Context, q Querier, uids []string, connID string) (other, withConn int64, err error) {
+	err = q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE connection_id <> $2), count(*) FILTER (WHERE connection_id = $2)
+		FROM agents WHERE status = 'online' AND instance_uid = ANY($1)`, uids, connID).Scan(&other, &withConn)
+	return other, withConn, err
+}

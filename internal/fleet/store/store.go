@@ -232,6 +232,11 @@ func (s *Store) UpdateState(ctx context.Context, uid, connID string, st State) e
 type Seen struct {
 	UID, ConnID string
 	At          time.Time
+	// Replica, when not empty, is recorded as the agent's replica with the
+	// time: a plain-HTTP agent (one connection id for all its polls) whose
+	// polls a load balancer spreads over the replicas is on the replica
+	// that answered it last, not on one that has died since.
+	Replica string
 }
 
 // FlushSeen writes a batch of last-seen times in one statement. A time is
@@ -244,15 +249,20 @@ func (s *Store) FlushSeen(ctx context.Context, batch []Seen) (int64, error) {
 	uids := make([]string, len(batch))
 	conns := make([]string, len(batch))
 	ats := make([]time.Time, len(batch))
+	reps := make([]string, len(batch))
 	for i, b := range batch {
-		uids[i], conns[i], ats[i] = b.UID, b.ConnID, b.At
+		uids[i], conns[i], ats[i], reps[i] = b.UID, b.ConnID, b.At, b.Replica
 	}
-	tag, err := s.Pool.Exec(ctx, `
-		UPDATE agents a SET last_seen = v.at, status = 'online'
-		FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS v(uid, conn, at)
-		WHERE a.instance_uid = v.uid AND a.connection_id = v.conn AND a.last_seen < v.at`, uids, conns, ats)
+	tag, err := s.Pool.Exec(ctx, flushSeenSQL, uids, conns, ats, reps)
 	return tag.RowsAffected(), err
 }
+
+// flushSeenSQL is FlushSeen's statement. It changes no indexed column
+// unless a plain-HTTP agent moved replicas, so its updates are HOT (00070).
+const flushSeenSQL = `
+	UPDATE agents a SET last_seen = v.at, status = 'online', replica_id = CASE WHEN v.rep = '' THEN a.replica_id ELSE v.rep END
+	FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS v(uid, conn, at, rep)
+	WHERE a.instance_uid = v.uid AND a.connection_id = v.conn AND a.last_seen < v.at`
 
 // Event is one entry of an agent's event log.
 type Event struct {

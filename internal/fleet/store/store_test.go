@@ -71,7 +71,7 @@ func TestConcurrentMigrationsAndAgentLifecycle(t *testing.T) {
 	if created, err := s.Connected(ctx, "a1", "r2", "p2#1", t0.Add(time.Second)); err != nil || created {
 		t.Fatalf("reconnect: %v %v", created, err)
 	}
-	if n, err := s.FlushSeen(ctx, []Seen{{"a1", "p1#1", t0.Add(time.Hour)}}); err != nil || n != 0 {
+	if n, err := s.FlushSeen(ctx, []Seen{{UID: "a1", ConnID: "p1#1", At: t0.Add(time.Hour)}}); err != nil || n != 0 {
 		t.Fatalf("stale flush wrote %d: %v", n, err)
 	}
 	if ok, err := s.Disconnected(ctx, "a1", "p1#1", t0); err != nil || ok {
@@ -80,7 +80,7 @@ func TestConcurrentMigrationsAndAgentLifecycle(t *testing.T) {
 	if uids, err := s.MarkProcessOffline(ctx, "p1#"); err != nil || len(uids) != 0 {
 		t.Fatalf("stale process offline: %v %v", uids, err)
 	}
-	if n, err := s.FlushSeen(ctx, []Seen{{"a1", "p2#1", t0.Add(time.Minute)}}); err != nil || n != 1 {
+	if n, err := s.FlushSeen(ctx, []Seen{{UID: "a1", ConnID: "p2#1", At: t0.Add(time.Minute)}}); err != nil || n != 1 {
 		t.Fatalf("flush wrote %d: %v", n, err)
 	}
 	a, err := s.GetAgent(ctx, "a1")
@@ -89,6 +89,23 @@ func TestConcurrentMigrationsAndAgentLifecycle(t *testing.T) {
 	}
 	if a.Status != "online" || a.ReplicaID != "r2" || !a.LastSeen.Equal(t0.Add(time.Minute)) || a.Identifying["service.name"] != "bridge" {
 		t.Fatalf("agent: %+v", a)
+	}
+	// A time with a replica moves the agent there (a plain-HTTP agent
+	// whose last poll another replica answered); an older one does not.
+	if n, err := s.FlushSeen(ctx, []Seen{{UID: "a1", ConnID: "p2#1", At: t0.Add(2 * time.Minute), Replica: "r3"}}); err != nil || n != 1 {
+		t.Fatalf("flush with replica wrote %d: %v", n, err)
+	}
+	if n, err := s.FlushSeen(ctx, []Seen{{UID: "a1", ConnID: "p2#1", At: t0.Add(90 * time.Second), Replica: "r1"}}); err != nil || n != 0 {
+		t.Fatalf("older flush with replica wrote %d: %v", n, err)
+	}
+	if a, err = s.GetAgent(ctx, "a1"); err != nil || a.ReplicaID != "r3" {
+		t.Fatalf("agent after a flush with replica: %+v %v", a, err)
+	}
+	if n, err := s.FlushSeen(ctx, []Seen{{UID: "a1", ConnID: "p2#1", At: t0.Add(3 * time.Minute)}}); err != nil || n != 1 {
+		t.Fatalf("flush wrote %d: %v", n, err)
+	}
+	if a, err = s.GetAgent(ctx, "a1"); err != nil || a.ReplicaID != "r3" {
+		t.Fatalf("a flush without replica moved the agent: %+v %v", a, err)
 	}
 	if _, err := s.Connected(ctx, "a2", "r2", "p2#2", t0); err != nil {
 		t.Fatal(err)
