@@ -100,7 +100,32 @@ func SessionUnchanged(old, cur *Config, id string) bool {
 	if (ea == nil) != (eb == nil) {
 		return false
 	}
+	if !sameSpools(old, cur, id) {
+		return false
+	}
 	return ea == nil || reflect.DeepEqual(ea.Assessment, eb.Assessment)
+}
+
+// sameSpools reports whether every route of session id that had a spool
+// keeps the same spool settings. A tenure holds its routes' spools open
+// until it ends, so a changed (or removed) spool takes a new tenure: the
+// session changes, its spools close, and the next tenure opens the new
+// ones. A spool added to a route is opened by the kept session's route
+// swap.
+func sameSpools(old, cur *Config, id string) bool {
+	for _, a := range old.Routes {
+		if a.Session != id || a.Spool == nil {
+			continue
+		}
+		i := slices.IndexFunc(cur.Routes, func(b RouteSettings) bool { return b.ID == a.ID })
+		if i < 0 {
+			continue // a removed route: its spool stays as it is
+		}
+		if b := cur.Routes[i]; b.Session != id || b.Spool == nil || *a.Spool != *b.Spool {
+			return false
+		}
+	}
+	return true
 }
 
 // Subscriptions is the deduplicated, sorted subscription list of session

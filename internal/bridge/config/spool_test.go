@@ -51,3 +51,43 @@ func TestSpoolRefusals(t *testing.T) {
 		t.Errorf("postgres store with a file spool: %v", err)
 	}
 }
+
+// Two routes on one spool directory: the second would wait for the lock
+// the first holds in the same process, and the route would never serve.
+func TestSpoolSharedDirRefused(t *testing.T) {
+	y := edit(t, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: {dir: /var/spool/x, max_messages: 10}\n",
+		"routes:\n", "routes:\n  - {id: second, receiver: telemetry, senders: [archive], lease_ttl: 10s, step_down_grace: 3s, failover_slo: 120s, broker_health_step_down: 20s, spool: {dir: /var/spool/x/, max_messages: 10}}\n")
+	_, err := Parse("bad.yaml", []byte(y))
+	if err == nil || !strings.Contains(err.Error(), `routes[1].spool.dir: "/var/spool/x": is also the spool of route "second"`) {
+		t.Fatalf("two routes on one spool dir: %v", err)
+	}
+}
+
+// A reload that changes or removes a route's spool changes its session:
+// the running tenure holds the old spool open (locked) with the old
+// settings, and a kept session would go on using it.
+func TestCompareSpoolChange(t *testing.T) {
+	with := func(block string) string {
+		return edit(t, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n"+block)
+	}
+	old := mustParse(t, with("    spool: {max_messages: 10}\n"))
+	for _, tc := range []struct{ name, block, changed string }{
+		{"same spool", "    spool: {max_messages: 10}\n", "[]"},
+		{"new bound", "    spool: {max_messages: 20}\n", "[plant]"},
+		{"new dir", "    spool: {max_messages: 10, dir: /tmp/elsewhere}\n", "[plant]"},
+		{"spool removed", "", "[plant]"},
+	} {
+		d, ps := Compare(old, mustParse(t, with(tc.block)))
+		if len(ps) > 0 {
+			t.Fatal(ps)
+		}
+		if got := sprintf("%v", d.Changed); got != tc.changed {
+			t.Errorf("%s: changed %s, want %s", tc.name, got, tc.changed)
+		}
+	}
+	// A spool added to a kept session's route is opened by the route swap.
+	d, _ := Compare(mustParse(t, good), old)
+	if got := sprintf("%v", d.Kept); got != "[plant]" {
+		t.Errorf("spool added: kept %s, want [plant]", got)
+	}
+}

@@ -617,6 +617,20 @@ func (v *validator) routes(f *File, cfg *Config) {
 	})
 
 	v.loopPeers(f, cfg)
+	spoolDirs := map[string]string{}
+	for i, r := range cfg.Routes {
+		if r.Spool == nil {
+			continue
+		}
+		dir := filepath.Clean(r.Spool.Dir)
+		if prev, ok := spoolDirs[dir]; ok {
+			// One process locks a spool directory once: the second route
+			// would wait for the lock its own process holds.
+			v.add(fmt.Sprintf("routes[%d].spool.dir", i), r.Spool.Dir, "is also the spool of route %q: each route needs its own spool directory", prev)
+			continue
+		}
+		spoolDirs[dir] = r.ID
+	}
 	for i, s := range cfg.Sessions {
 		used := slices.ContainsFunc(cfg.Routes, func(rt RouteSettings) bool { return rt.Session == s.ID && s.ID != "" })
 		if s.Mode == Exclusive && !used {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/open-telemetry/opamp-go/protobufs"
 
+	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
 )
 
@@ -70,5 +71,35 @@ func TestOfferedCredentialIsKept(t *testing.T) {
 	bad := &protobufs.OpAMPConnectionSettings{Headers: &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Basic x"}}}}
 	if err := c.onConnectionSettings(context.Background(), bad); err == nil || c.credential != "myr_agent_123" {
 		t.Fatalf("a non-bearer offer must be refused and change nothing: %v %q", err, c.credential)
+	}
+}
+
+// The own_metrics offer's headers carry the agent's credential: when
+// OpAMP runs over TLS, a plain http:// destination (myriarchd's
+// telemetry.publicUrl written with http://) is refused rather than sent
+// the credential in clear text; an https:// one is taken.
+func TestOwnMetricsRefusesPlainHTTPUnderTLS(t *testing.T) {
+	offer := func(dest string) *protobufs.ConnectionSettingsOffers {
+		return &protobufs.ConnectionSettingsOffers{OwnMetrics: &protobufs.TelemetryConnectionSettings{DestinationEndpoint: dest,
+			Headers: &protobufs.Headers{Headers: []*protobufs.Header{{Key: "Authorization", Value: "Bearer myr_agent_123"}}}}}
+	}
+	for _, tc := range []struct {
+		server, dest string
+		ok           bool
+	}{
+		{"wss://myriarchd.example:4320/v1/opamp", "http://myriarchd.example:4320/v1/metrics", false},
+		{"https://myriarchd.example:4320/v1/opamp", "http://myriarchd.example:4320/v1/metrics", false},
+		{"wss://myriarchd.example:4320/v1/opamp", "https://myriarchd.example:4320/v1/metrics", true},
+		{"ws://127.0.0.1:4320/v1/opamp", "http://127.0.0.1:4320/v1/metrics", true},
+	} {
+		c := &Client{o: Options{Settings: &config.OpAMPSettings{ServerURL: tc.server}}, log: slog.Default()}
+		m := &ownMetrics{c: c}
+		err := m.onConnectionSettings(context.Background(), offer(tc.dest))
+		if (err == nil) != tc.ok {
+			t.Errorf("server %s, destination %s: err %v, want ok %v", tc.server, tc.dest, err, tc.ok)
+		}
+		if got := m.dest; (got != "") != tc.ok {
+			t.Errorf("server %s, destination %s: kept %q", tc.server, tc.dest, got)
+		}
 	}
 }

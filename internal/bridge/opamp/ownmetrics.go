@@ -80,6 +80,15 @@ func (m *ownMetrics) onConnectionSettings(_ context.Context, s *protobufs.Connec
 	if dest != "" && !strings.HasPrefix(dest, "http://") && !strings.HasPrefix(dest, "https://") {
 		return fmt.Errorf("own_metrics destination %q: must be an http:// or https:// URL", dest)
 	}
+	// The headers carry the agent's credential: not in clear text to a
+	// plain http:// destination when OpAMP itself runs over TLS (a
+	// telemetry.publicUrl written with http://).
+	if st := m.c.o.Settings; st != nil && strings.HasPrefix(dest, "http://") && (strings.HasPrefix(st.ServerURL, "wss://") || strings.HasPrefix(st.ServerURL, "https://")) {
+		su := st.ServerURL
+		err := fmt.Errorf("own_metrics destination %q: plain http:// while opamp.server_url %q uses TLS; the credential is not sent in clear text (set myriarchd's telemetry.publicUrl to an https:// URL)", dest, su)
+		m.c.log.Warn("own metrics not sent", "err", err)
+		return err
+	}
 	h := http.Header{}
 	for _, kv := range om.GetHeaders().GetHeaders() {
 		h.Add(kv.Key, kv.Value)

@@ -260,3 +260,44 @@ func TestReloadUnsubscribesRemovedFilters(t *testing.T) {
 		t.Fatal("the removed filter in/# is still subscribed")
 	}
 }
+
+// A reload that changes a route's spool (its bound, its directory) gets a
+// spool with the new settings: the session changes, the tenure's spool
+// closes (its lock released) and the next tenure opens the new one.
+// Before, the kept session went on with the spool it held open, the
+// reload reported success, and the new settings were ignored until a
+// restart.
+func TestReloadChangedSpoolReopensIt(t *testing.T) {
+	br, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	dir := t.TempDir()
+	sk := newSink(t)
+	withSpool := func(sdir string) func(string) string {
+		return func(y string) string {
+			return strings.Replace(y, "    failover_slo: 60s", "    failover_slo: 60s\n    spool: {dir: "+sdir+", max_messages: 100}", 1)
+		}
+	}
+	a := startWith(t, withSpool(dir+"/one")(cfgTemplate), dir, "a", br.URL, sk.srv.URL, runtime.Options{})
+	spoolDir := func() string {
+		sp := a.b.Status().Sessions[0].Spools
+		if len(sp) != 1 {
+			return ""
+		}
+		return sp[0].Dir
+	}
+	testwait.Until(t, "a serves from spool one", waitLimit, func() bool { return role(a) == "owner/full" && spoolDir() == dir+"/one" })
+	d, err := a.b.Reload(context.Background(), reloadCfg(t, dir, "a", br.URL, sk.srv.URL, withSpool(dir+"/two")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(d.Changed) != "[plant]" {
+		t.Fatalf("diff: kept %v changed %v", d.Kept, d.Changed)
+	}
+	testwait.Until(t, "a serves from spool two", waitLimit, func() bool { return role(a) == "owner/full" && spoolDir() == dir+"/two" })
+	p := publisher(t, br.URL)
+	pub(t, p, 0, 20)
+	testwait.Until(t, "all 20 at the sink", waitLimit, func() bool { return sk.has(20) })
+}

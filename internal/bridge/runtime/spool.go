@@ -21,6 +21,10 @@ type SpoolStatus struct {
 // reload opens (its lock is held by nobody else on a healthy host).
 const spoolOpenTimeout = 10 * time.Second
 
+// spoolLockWarnAfter is how long a spool's lock is waited for before the
+// wait is logged.
+const spoolLockWarnAfter = time.Second
+
 // openSpools opens the spool of every route that has one, for the
 // tenure: a spool is held (its directory locked) only while this instance
 // serves the session, so that a successor on the same host opens it when
@@ -50,6 +54,19 @@ func (r *runner) openSpool(ctx context.Context, t *tenure, rt config.RouteSettin
 	c := rt.Spool
 	id := rt.ID
 	met := r.b.met
+	// Open waits for the directory's lock: say so when that lasts (a
+	// frozen predecessor, or another process configured with the same
+	// directory), since meanwhile the session is held but not served.
+	opened := make(chan struct{})
+	waitLog := make(chan struct{})
+	go func() {
+		defer close(waitLog)
+		select {
+		case <-time.After(spoolLockWarnAfter):
+			r.log.Warn("waiting for the spool's lock: another process holds its directory; the session is not served until it lets go", "route", id, "dir", c.Dir)
+		case <-opened:
+		}
+	}()
 	sp, err := spool.Open(ctx, spool.Options{Dir: c.Dir, MaxBytes: int64(c.MaxBytes), MaxMessages: int64(c.MaxMessages), Full: c.Full,
 		Fsync: c.Fsync, FsyncInterval: c.FsyncInterval, SegmentBytes: int64(c.SegmentBytes),
 		OnStats: func(st spool.Stats) {
@@ -57,6 +74,8 @@ func (r *runner) openSpool(ctx context.Context, t *tenure, rt config.RouteSettin
 			met.SpoolBytes.WithLabelValues(id).Set(float64(st.Bytes))
 			met.SpoolOldestAge.WithLabelValues(id).Set(st.OldestAgeS)
 		}})
+	close(opened)
+	<-waitLog
 	if err != nil {
 		return nil, fmt.Errorf("route %q: %w", rt.ID, err)
 	}

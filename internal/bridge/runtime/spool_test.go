@@ -18,6 +18,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/config"
 	"github.com/myriarch/myriarch/internal/bridge/embroker"
 	"github.com/myriarch/myriarch/internal/bridge/runtime"
+	"github.com/myriarch/myriarch/internal/bridge/spool"
 	"github.com/myriarch/myriarch/internal/testwait"
 )
 
@@ -159,4 +160,55 @@ func TestSpoolOutlastsTheBrokerQueue(t *testing.T) {
 			}
 		})
 	}
+}
+
+// logBuf is a log destination that tests read while the bridge writes.
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// An owner whose spool directory another process holds (a frozen
+// predecessor, or a second bridge configured with the same directory)
+// waits for the lock without serving: it says so in its log, and serves
+// once the lock is let go. Before, the wait was silent.
+func TestSpoolLockWaitIsLogged(t *testing.T) {
+	br, err := embroker.Start("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	dir := t.TempDir()
+	sk := newSink(t)
+	sdir := filepath.Join(dir, "spool")
+	holder, err := spool.Open(context.Background(), spool.Options{Dir: sdir, MaxMessages: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	lb := &logBuf{}
+	y := strings.Replace(cfgTemplate, "    failover_slo: 60s", "    failover_slo: 60s\n    spool: {dir: "+sdir+", max_messages: 100}", 1)
+	a := startWith(t, y, dir, "a", br.URL, sk.srv.URL, runtime.Options{Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	testwait.Until(t, "the wait for the spool's lock is logged", waitLimit, func() bool {
+		return strings.Contains(lb.String(), "waiting for the spool's lock")
+	})
+	if r := role(a); r == "owner/full" {
+		t.Fatalf("serving while another process holds the spool: %s", r)
+	}
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, "a serves once the lock is let go", waitLimit, func() bool { return role(a) == "owner/full" })
 }

@@ -369,8 +369,15 @@ func (s *Spool) Append(m *transport.Message, quit <-chan struct{}) error {
 		act = s.segs[len(s.segs)-1]
 	}
 	if _, err := s.active.Write(buf); err != nil {
-		// A partial write is a torn tail for the next Open; this process
-		// stops using the spool.
+		// A full disk (ENOSPC, EFBIG): cut what part of the record was
+		// written and refuse only this message (it stays unacknowledged
+		// at the source), so that the route goes on delivering what the
+		// spool holds, which frees room. If the cut fails, a partial
+		// write is a torn tail for the next Open and this process stops
+		// using the spool.
+		if terr := s.active.Truncate(act.size); terr == nil {
+			return fmt.Errorf("spool %s: write: %w", s.opts.Dir, err)
+		}
 		s.closed = true
 		s.notify()
 		return fmt.Errorf("spool %s: write: %w", s.opts.Dir, err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"syscall"
 	"testing"
 	"time"
 
@@ -377,4 +378,70 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatalf("round trip: %v\n%+v\n%+v", err, r, r2)
 		}
 	})
+}
+
+// A write that fails for want of room (here the file size limit, as a
+// full disk would) refuses that message only: the spool stays open, hands
+// out what it holds, takes the next message once there is room, and a
+// restart finds no torn bytes. Before, the spool closed: the route took
+// nothing more from it and refused every message until a restart.
+func TestWriteFailureRefusesOnlyThatMessage(t *testing.T) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	opts := Options{Dir: dir, MaxMessages: 1000, Fsync: FsyncNever, SegmentBytes: 1 << 20}
+	sp, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	quit := make(chan struct{})
+	big := &transport.Message{Topic: "a/b", Payload: make([]byte, 3000), QoS: 1}
+	if err := sp.Append(big, quit); err != nil {
+		t.Fatal(err)
+	}
+	small := lim
+	small.Cur = 4096
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &small); err != nil {
+		t.Fatal(err)
+	}
+	err = sp.Append(big, quit) // 3000 + 3000 bytes > 4096
+	if rerr := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err == nil {
+		t.Fatal("an append beyond the file size limit succeeded")
+	}
+	if errors.Is(err, ErrClosed) {
+		t.Fatalf("append: %v", err)
+	}
+	_, m, ok, err := sp.Next(quit)
+	if err != nil || !ok || len(m.Payload) != 3000 {
+		t.Fatalf("after a failed write the spool hands out nothing: ok %v err %v", ok, err)
+	}
+	if err := sp.Append(&transport.Message{Topic: "a/b", Payload: []byte("after"), QoS: 1}, quit); err != nil {
+		t.Fatalf("an append after room came back: %v", err)
+	}
+	if st := sp.Stats(); st.Messages != 2 {
+		t.Fatalf("messages %d, want 2", st.Messages)
+	}
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sp2, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp2.Close()
+	if st := sp2.Stats(); st.Recovered != 2 || st.TruncatedBytes != 0 {
+		t.Fatalf("reopened: %+v, want 2 recovered and no torn bytes", st)
+	}
+	for _, want := range []string{string(make([]byte, 3000)), "after"} {
+		_, m, ok, err := sp2.Next(quit)
+		if err != nil || !ok || string(m.Payload) != want {
+			t.Fatalf("reopened: %q %v %v", m.Payload, ok, err)
+		}
+	}
 }

@@ -206,7 +206,10 @@ func (b *Batcher) Flush(ctx context.Context) error {
 	for k, s := range rows {
 		j, err := json.Marshal(s)
 		if err != nil {
-			return err
+			// Not this flush's other rows too (Samples keeps no value
+			// that JSON cannot write).
+			b.log.Warn("an agent's own metrics could not be encoded; its row is dropped", "instance_uid", k.uid, "error", err)
+			continue
 		}
 		uids, tiers, buckets, series = append(uids, k.uid), append(tiers, k.tier), append(buckets, k.bucket), append(series, string(j))
 	}

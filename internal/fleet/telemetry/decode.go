@@ -3,8 +3,11 @@ package telemetry
 import (
 	"errors"
 	"fmt"
+	"math"
 	"mime"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
@@ -53,6 +56,14 @@ func Samples(md pmetric.Metrics) map[Key]float64 {
 			}
 		}
 	}
+	// NaN and the infinities (sent, or a sum that overflowed) are not
+	// kept: JSON has no words for them, and one in the batcher's rows
+	// failed the encoding of the whole flush, every agent's samples lost.
+	for k, v := range out {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			delete(out, k)
+		}
+	}
 	return out
 }
 
@@ -74,7 +85,7 @@ func addMetric(out map[Key]float64, m pmetric.Metric) {
 	for i := range dps.Len() {
 		dp := dps.At(i)
 		k, ok := mapName(name, dp.Attributes())
-		if !ok {
+		if !ok || !validComponent(k.Component) {
 			continue
 		}
 		v := dp.DoubleValue()
@@ -90,6 +101,21 @@ func addMetric(out map[Key]float64, m pmetric.Metric) {
 func normalize(n string) string {
 	n = strings.ReplaceAll(n, ".", "_")
 	return strings.TrimSuffix(n, "_total")
+}
+
+// MaxComponentBytes bounds a series' component ("route/" and the route's
+// ID): the agent writes it, and each series is kept in memory (the
+// batcher's series lists), in every bucket row of the agent, and drawn in
+// the UI. A bridge ID has at most 128 characters.
+const MaxComponentBytes = 256
+
+// validComponent refuses a component longer than MaxComponentBytes, not
+// UTF-8, or with control characters.
+func validComponent(c string) bool {
+	if len(c) > MaxComponentBytes || !utf8.ValidString(c) {
+		return false
+	}
+	return !strings.ContainsFunc(c, unicode.IsControl)
 }
 
 func attr(a pcommon.Map, key string) string {

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,5 +264,119 @@ func TestStoreRatesFleetAndRetention(t *testing.T) {
 	}
 	if err := rd.CheckWindow(8 * 24 * time.Hour); err == nil {
 		t.Fatal("a window past the coarse retention was accepted")
+	}
+}
+
+// An agent names the components of its series (a route's ID, a
+// receiver's name): one of 1 MiB would be kept in the batcher's series
+// list, in each of the agent's bucket rows and in the UI's charts, up to
+// telemetry.maxSeriesPerAgent times. Such a data point is dropped, as is
+// one whose component holds control characters or is not UTF-8: a NUL
+// (which PostgreSQL's jsonb refuses) failed every flush's one INSERT, and
+// the batcher put the rows back each time, so no agent's samples were
+// written any more. The others are kept.
+func TestDecodeBoundsComponents(t *testing.T) {
+	md := pmetric.NewMetrics()
+	ms := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics()
+	g := ms.AppendEmpty()
+	g.SetName("myriarch_bridge_messages_in_flight")
+	dps := g.SetEmptyGauge().DataPoints()
+	for _, route := range []string{"plant", strings.Repeat("x", 1<<20), "a\nb", "\x1b[2J", "nul\x00", "bad\xffutf8", strings.Repeat("y", MaxComponentBytes-len("route/"))} {
+		dp := dps.AppendEmpty()
+		dp.SetDoubleValue(1)
+		dp.Attributes().PutStr("route", route)
+	}
+	pb, err := pmetricotlp.NewExportRequestFromMetrics(md).MarshalProto()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := Decode(pb, "application/x-protobuf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[Key]float64{{"in_flight", "route/plant"}: 1, {"in_flight", "route/" + strings.Repeat("y", MaxComponentBytes-len("route/"))}: 1}
+	if len(got) != len(want) {
+		t.Fatalf("got %d series, want %d", len(got), len(want))
+	}
+	for k := range want {
+		if _, ok := got[k]; !ok {
+			t.Errorf("missing %.40s", k)
+		}
+	}
+}
+
+// A gauge of NaN or an infinity (or sums that overflow) is not kept: the
+// batcher writes each row as JSON, which has no NaN, and the encoding
+// error dropped the whole flush, every agent's samples with it.
+func TestDecodeDropsNonFiniteValues(t *testing.T) {
+	md := pmetric.NewMetrics()
+	ms := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics()
+	g := ms.AppendEmpty()
+	g.SetName("myriarch_bridge_messages_in_flight")
+	dps := g.SetEmptyGauge().DataPoints()
+	for route, v := range map[string]float64{"ok": 2, "nan": math.NaN(), "inf": math.Inf(1), "ninf": math.Inf(-1)} {
+		dp := dps.AppendEmpty()
+		dp.SetDoubleValue(v)
+		dp.Attributes().PutStr("route", route)
+	}
+	for range 2 { // 2 × MaxFloat64 overflows to +Inf
+		dp := dps.AppendEmpty()
+		dp.SetDoubleValue(math.MaxFloat64)
+		dp.Attributes().PutStr("route", "overflow")
+	}
+	pb, err := pmetricotlp.NewExportRequestFromMetrics(md).MarshalProto()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := Decode(pb, "application/x-protobuf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[Key{"in_flight", "route/ok"}] != 2 {
+		t.Fatalf("got %v, want only route/ok = 2", got)
+	}
+}
+
+// What one agent sends cannot stop the flushes of every agent: a NUL in a
+// component (PostgreSQL's jsonb refuses it: the one INSERT failed, and the
+// rows were put back for the next flush, forever) or a NaN (the JSON
+// encoding failed and the flush returned with every row dropped).
+func TestOneAgentCannotPoisonTheFlush(t *testing.T) {
+	ctx, st, _ := fleettest.LeaderStore(t, 6)
+	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	bt := NewBatcher(BatcherOptions{Pool: st.Pool, Tiers: DefaultTiers, FlushInterval: time.Hour, Now: clk.now})
+	rd := &Reader{Pool: st.Pool, Tiers: DefaultTiers, Now: clk.now}
+	body := func(route string, v float64) []byte {
+		md := pmetric.NewMetrics()
+		g := md.ResourceMetrics().AppendEmpty().ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+		g.SetName("myriarch_bridge_messages_in_flight")
+		dp := g.SetEmptyGauge().DataPoints().AppendEmpty()
+		dp.SetDoubleValue(v)
+		dp.Attributes().PutStr("route", route)
+		pb, err := pmetricotlp.NewExportRequestFromMetrics(md).MarshalProto()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pb
+	}
+	for range 3 {
+		for uid, b := range map[string][]byte{"good": body("r", 7), "nul": body("a\x00b", 1), "nan": body("r", math.NaN())} {
+			s, _, err := Decode(b, "application/x-protobuf")
+			if err != nil {
+				t.Fatal(err)
+			}
+			bt.Add(uid, s)
+		}
+		if err := bt.Flush(ctx); err != nil {
+			t.Fatalf("flush: %v", err)
+		}
+		clk.add(10 * time.Second)
+	}
+	w, err := rd.Agent(ctx, "good", 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Series) != 1 || len(w.Series[0].Points) == 0 {
+		t.Fatalf("the good agent's series: %+v", w.Series)
 	}
 }
