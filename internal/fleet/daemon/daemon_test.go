@@ -210,7 +210,7 @@ func TestTwoReplicas(t *testing.T) {
 	if !fleettest.Eventually(30*time.Second, func() bool {
 		cl = api.ClusterInfo{}
 		ca.do(t, "GET", "/api/v1/cluster", "", &cl)
-		return len(cl.Replicas) == 2 && cl.Leader != nil && cl.Leader.Active && len(cl.JobRuns) == 6 // offline_sweeper, housekeeping, rollout_engine, release_tracker, artifact_prefetch, package_rollouts
+		return len(cl.Replicas) == 2 && cl.Leader != nil && cl.Leader.Active && len(cl.JobRuns) == 7 // offline_sweeper, housekeeping, rollout_engine, release_tracker, artifact_prefetch, package_rollouts, telemetry
 	}) {
 		t.Fatalf("cluster: %+v", cl)
 	}
