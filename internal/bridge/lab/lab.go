@@ -604,7 +604,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := stopPublisher(); err != nil && roundErr == nil {
 		roundErr = fmt.Errorf("publisher: %w", err)
 	}
-	e.settle(ctx)
+	e.sink.settle(ctx, e.publishedNow())
 	stopHist()
 	hwg.Wait()
 	e.judge(rep)
@@ -637,13 +637,13 @@ func (e *env) publish(ctx context.Context, pub *embroker.Client) error {
 	}
 }
 
-// settle waits until every published message arrived, or nothing new
-// arrived for 5s.
-func (e *env) settle(ctx context.Context) {
-	published := e.publishedNow()
+// settle waits until the sink holds every one of published messages, or
+// nothing new arrived for 5s. Both the failover lab and the scale lab end
+// their runs with it.
+func (s *sink) settle(ctx context.Context, published int) {
 	last, lastChange := -1, time.Now()
 	for time.Since(lastChange) < 5*time.Second && ctx.Err() == nil {
-		n, uniq := e.sink.counts()
+		n, uniq := s.counts()
 		if uniq >= published {
 			// Give late duplicates and stale deliveries a moment to show.
 			time.Sleep(500 * time.Millisecond)

@@ -443,7 +443,7 @@ func runScaleOnce(ctx context.Context, opts ScaleOptions, dir, broker string, st
 	if err := stopPublisher(); err != nil && roundErr == nil {
 		roundErr = fmt.Errorf("publisher: %w", err)
 	}
-	e.settle(ctx)
+	e.sink.settle(ctx, e.publishedNow())
 	e.judge(out)
 	return out, roundErr
 }
@@ -833,24 +833,6 @@ func (e *scaleEnv) publish(ctx context.Context, pub *embroker.Client, nonce stri
 		e.pubMu.Lock()
 		e.published++
 		e.pubMu.Unlock()
-	}
-}
-
-// settle waits until every published message arrived, or nothing new
-// arrived for 5s.
-func (e *scaleEnv) settle(ctx context.Context) {
-	published := e.publishedNow()
-	last, lastChange := -1, time.Now()
-	for time.Since(lastChange) < 5*time.Second && ctx.Err() == nil {
-		n, uniq := e.sink.counts()
-		if uniq >= published {
-			time.Sleep(500 * time.Millisecond)
-			return
-		}
-		if n != last {
-			last, lastChange = n, time.Now()
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
