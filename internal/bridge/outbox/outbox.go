@@ -1,7 +1,9 @@
 // Package outbox is a route's durable spool on PostgreSQL, for the
-// exclusive sessions of a cluster: the rows of one table,
-// myriarch_bridge_outbox, that this package alone owns, in the database
-// of the PostgreSQL lease store (lease/pgstore).
+// exclusive sessions of a cluster: the rows of the table
+// myriarch_bridge_outbox, which this package alone owns (with its fence
+// table myriarch_bridge_outbox_fence), in the database of the PostgreSQL
+// lease store (lease/pgstore), so that every instance that may take the
+// session over reaches it.
 //
 // It implements routing.Spool like the file spool (package spool): the
 // route appends each received message before the source is acknowledged
@@ -13,22 +15,28 @@
 //
 // # Fencing
 //
-// An Outbox is opened for one tenure: the lease id, owner and fencing
-// version that the tenure holds. Every statement that writes or claims
-// rows (Open's recovery, Append's INSERT, Next's read of a batch, the
-// DELETE of the acknowledged rows) carries, in the same statement or
-// transaction, a read of the lease row FOR SHARE that must find it with
-// that owner and that version. A takeover (the lease store's UPDATE of
-// that row) therefore waits for a fenced statement in progress and, once
-// it committed, every later fenced statement of the deposed owner finds
-// another version and changes nothing: it fails with an error wrapping
-// ErrFenced, and the Outbox refuses everything after it. So a deposed
-// owner can neither add, claim nor delete a row once a newer owner holds
-// the lease, and every row that it appended before is the successor's.
-// The lease's expiry is not judged here: pgstore expires a lease by
-// observation on each host's monotonic clock (no shared clock to
-// compare), and an owner past its local deadline stops acting by the
-// tenure's own guard; the version is what a successor changes.
+// An Outbox is opened for one tenure: the session's lease id and the
+// owner and fencing version (lease.Token) that the tenure holds. The
+// fence table keeps, per lease id, the highest version that opened the
+// outbox; Open raises it to the tenure's version (an upsert that refuses
+// to lower it), and every statement that claims or changes rows (Open's
+// recovery, Append's INSERT, Next's read of a batch, the DELETE of the
+// settled rows) carries, in the same statement, a read of the fence row
+// FOR SHARE that must find this tenure's owner and version. A successor's
+// Open (its upsert of that row) therefore waits for a fenced statement in
+// progress, and once it committed every later statement of the deposed
+// owner finds another version and changes nothing: it fails with an error
+// wrapping ErrFenced, and the Outbox refuses everything after it. So once
+// the newer owner took the outbox over (the first thing its tenure does,
+// before it connects to the source), a deposed owner can neither add,
+// claim nor delete a row, and every row that it stored before is the
+// successor's. This is the fencing-token rule enforced by the storage
+// (the highest version seen wins); it does not read the lease table,
+// which lease/pgstore owns. Between the successor's grant and its Open,
+// the deposed owner is stopped by its own guard (Options.Valid: its local
+// lease deadline, which the lease protocol passes before a successor can
+// be granted); what it might still store or settle there is handed to the
+// successor or was delivered, never lost.
 //
 // Sequence numbers are assigned by the one appender (appends are
 // serialised), so commit order is seq order and the reader never sees a
@@ -51,18 +59,20 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	"github.com/myriarch/myriarch/internal/bridge/spool"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
-	"github.com/myriarch/myriarch/lease/pgstore"
 )
 
-// Table is the table this package owns.
-const Table = "myriarch_bridge_outbox"
+// Table and FenceTable are the tables this package owns.
+const (
+	Table      = "myriarch_bridge_outbox"
+	FenceTable = "myriarch_bridge_outbox_fence"
+)
 
 // ErrFenced is wrapped by every error of an Outbox whose tenure was
 // superseded: the lease row no longer has the owner and version it was
 // opened with. It ends the tenure; it never means a message was dropped
 // (an Append that failed with it left the message unacknowledged at the
 // source).
-var ErrFenced = errors.New("outbox: fenced: the lease is held by a newer owner")
+var ErrFenced = errors.New("outbox: fenced")
 
 // ErrFull is returned by Append when the outbox is full and the policy is
 // dead_letter (routing.ErrSpoolFull: the route dead-letters the message).
@@ -88,16 +98,20 @@ const (
 
 // Options configure an Outbox.
 type Options struct {
-	// Pool is the lease store's database (it must hold myriarch_leases).
+	// Pool is the lease store's database.
 	// The Outbox does not close it unless it came from OpenPool and
 	// OwnPool is set.
 	Pool    *pgxpool.Pool
 	OwnPool bool
-	// Lease is the lease id (myriarch_leases.id) of the route's session,
-	// Owner and Version the token of the tenure that opens the Outbox.
+	// Lease is the lease id of the route's session, Owner and Version
+	// the token of the tenure that opens the Outbox.
 	Lease   string
 	Owner   string
 	Version int64
+	// Valid, if set, is the tenure's own guard (its local lease
+	// deadline): when it reports false, Append, Next and the DELETE of
+	// settled rows are refused like a fenced statement.
+	Valid func() bool
 	// Route is the route's id: one outbox per lease and route.
 	Route string
 	// MaxBytes and MaxMessages bound what the outbox holds (0: no bound).
@@ -189,12 +203,9 @@ func OpenPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 // ("myriarch-outbox").
 const schemaLockKey int64 = 0x6d796f7574626f78
 
-// Migrate creates the outbox table (and the lease store's schema, which
-// the fence reads), one process at a time. It is idempotent.
+// Migrate creates the outbox's tables, one process at a time. It is
+// idempotent.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := pgstore.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("outbox: %w", err)
-	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", schemaLockKey); err != nil {
 			return err
@@ -215,6 +226,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			size        bigint   NOT NULL,
 			PRIMARY KEY (lease_id, route, seq)
 		)`)
+		if err != nil {
+			return err
+		}
+		// The highest lease version that opened the outbox of a lease
+		// id, and its owner: the fencing token the rows obey.
+		_, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+FenceTable+` (
+			lease_id   text   NOT NULL PRIMARY KEY,
+			version    bigint NOT NULL,
+			owner      text   NOT NULL,
+			fenced_at  timestamptz NOT NULL DEFAULT now()
+		)`)
 		return err
 	})
 	if err != nil {
@@ -223,10 +245,18 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// fenceCTE locks the lease row of the tenure for the statement's
-// transaction ($1 lease id, $2 owner, $3 version): a takeover's UPDATE of
-// the row waits for it, and a statement after the takeover finds no row.
-const fenceCTE = `f AS (SELECT 1 FROM myriarch_leases WHERE id = $1 AND owner = $2 AND version = $3 FOR SHARE)`
+// fenceCTE locks the fence row of the tenure for the statement's
+// transaction ($1 lease id, $2 owner, $3 version): a successor's Open
+// (its upsert of the row) waits for it, and a statement after that finds
+// no row.
+const fenceCTE = `f AS (SELECT 1 FROM ` + FenceTable + ` WHERE lease_id = $1 AND owner = $2 AND version = $3 FOR SHARE)`
+
+// takeSQL raises the fence to the tenure's version; the same version is
+// taken again only by its own owner (another route, or a reopen, of the
+// same tenure), and a lower one never.
+const takeSQL = `INSERT INTO ` + FenceTable + ` AS x (lease_id, version, owner) VALUES ($1, $3, $2)
+	ON CONFLICT (lease_id) DO UPDATE SET version = EXCLUDED.version, owner = EXCLUDED.owner, fenced_at = now()
+	WHERE x.version < EXCLUDED.version OR (x.version = EXCLUDED.version AND x.owner = EXCLUDED.owner)`
 
 // Open migrates the schema and opens the outbox of (Lease, Route) for the
 // tenure (Owner, Version): it recovers, fenced, what the rows hold.
@@ -260,10 +290,15 @@ func Open(ctx context.Context, opts Options) (*Outbox, error) {
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	var fenceOK bool
 	var n, bytes, first, last int64
-	err := opts.Pool.QueryRow(ctx, `WITH `+fenceCTE+`
-		SELECT EXISTS (SELECT 1 FROM f), count(*), coalesce(sum(size), 0), coalesce(min(seq), 1), coalesce(max(seq), 0)
-		FROM `+Table+` WHERE lease_id = $1 AND route = $4 AND EXISTS (SELECT 1 FROM f)`,
-		opts.Lease, opts.Owner, opts.Version, opts.Route).Scan(&fenceOK, &n, &bytes, &first, &last)
+	err := pgx.BeginFunc(ctx, opts.Pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, takeSQL, opts.Lease, opts.Owner, opts.Version)
+		if err != nil || tag.RowsAffected() != 1 {
+			return err // a newer version holds the fence: fenceOK stays false
+		}
+		fenceOK = true
+		return tx.QueryRow(ctx, `SELECT count(*), coalesce(sum(size), 0), coalesce(min(seq), 1), coalesce(max(seq), 0)
+			FROM `+Table+` WHERE lease_id = $1 AND route = $2`, opts.Lease, opts.Route).Scan(&n, &bytes, &first, &last)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox %s/%s: open: %w", opts.Lease, opts.Route, err)
 	}
@@ -281,25 +316,42 @@ func Open(ctx context.Context, opts Options) (*Outbox, error) {
 // fencedErr builds the error of a refused statement, naming the lease's
 // current holder, and makes the Outbox refuse everything after it.
 func (o *Outbox) fencedErr(ctx context.Context, op string) error {
-	cur := "no lease row"
+	cur := "unknown"
 	var owner string
 	var version int64
-	if err := o.opts.Pool.QueryRow(ctx, "SELECT owner, version FROM myriarch_leases WHERE id = $1", o.opts.Lease).Scan(&owner, &version); err == nil {
-		if owner == "" {
-			owner = "nobody (released)"
-		}
-		cur = fmt.Sprintf("held by %s at version %d", owner, version)
+	if err := o.opts.Pool.QueryRow(ctx, "SELECT owner, version FROM "+FenceTable+" WHERE lease_id = $1", o.opts.Lease).Scan(&owner, &version); err == nil {
+		cur = fmt.Sprintf("%s@v%d", owner, version)
 	}
-	err := fmt.Errorf("%w: %s of route %q refused: this tenure is %s@v%d and the lease %q is %s", ErrFenced, op, o.opts.Route, o.opts.Owner, o.opts.Version, o.opts.Lease, cur)
+	err := fmt.Errorf("%w: %s of route %q refused: this tenure is %s@v%d and the outbox of lease %q was taken over by %s", ErrFenced, op, o.opts.Route, o.opts.Owner, o.opts.Version, o.opts.Lease, cur)
+	return o.setFenced(err)
+}
+
+// ErrTenureEnded is wrapped (with ErrFenced) by what an Outbox refuses
+// once its tenure's own guard (Options.Valid) reported the local lease
+// deadline passed.
+var ErrTenureEnded = errors.New("the tenure's lease deadline passed")
+
+// guard refuses when the tenure's own guard reports it ended.
+func (o *Outbox) guard(op string) error {
+	if o.opts.Valid == nil || o.opts.Valid() {
+		return nil
+	}
+	return o.setFenced(fmt.Errorf("%w: %w: %s of route %q refused: this tenure is %s@v%d", ErrFenced, ErrTenureEnded, op, o.opts.Route, o.opts.Owner, o.opts.Version))
+}
+
+// setFenced makes the Outbox refuse everything after err, reports it
+// once and returns it.
+func (o *Outbox) setFenced(err error) error {
 	o.mu.Lock()
 	first := o.fenced == nil
 	if first {
 		o.fenced = err
 		o.notify()
 	}
+	err = o.fenced
 	o.mu.Unlock()
 	if first {
-		o.log.Error("outbox fenced: a newer owner holds the lease; this tenure appends, claims and settles nothing more (unsettled rows are the successor's)", "err", err)
+		o.log.Error("outbox fenced: this tenure appends, claims and settles nothing more; the rows it did not settle are the successor's", "err", err)
 		if o.opts.OnFenced != nil {
 			o.opts.OnFenced(err)
 		}
@@ -363,6 +415,9 @@ func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
 	}
 	seq := o.nextSeq
 	o.mu.Unlock()
+	if err := o.guard("append"); err != nil {
+		return err
+	}
 
 	var recv int64
 	if !m.Received.IsZero() {
@@ -532,6 +587,9 @@ func (o *Outbox) Next(quit <-chan struct{}) (uint64, *transport.Message, bool, e
 
 // claim reads, fenced, up to readBatch rows from seq from.
 func (o *Outbox) claim(quit <-chan struct{}, from uint64) ([]row, error) {
+	if err := o.guard("claim"); err != nil {
+		return nil, err
+	}
 	ctx, cancel := quitContext(quit)
 	defer cancel()
 	o.dbMu.Lock()
@@ -625,6 +683,9 @@ func (o *Outbox) flush(ctx context.Context) error {
 		seqs[i] = int64(s)
 	}
 	o.mu.Unlock()
+	if err := o.guard("acknowledge"); err != nil {
+		return err
+	}
 	var fenceOK bool
 	err := o.opts.Pool.QueryRow(ctx, `WITH `+fenceCTE+`,
 		d AS (DELETE FROM `+Table+` WHERE lease_id = $1 AND route = $4 AND seq = ANY($5) AND EXISTS (SELECT 1 FROM f) RETURNING 1)

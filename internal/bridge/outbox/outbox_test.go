@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -322,10 +323,11 @@ func TestFullDeadLetter(t *testing.T) {
 
 // THE race: owner A holds version v and keeps appending, claiming and
 // settling while B takes the lease over (v+1) — A frozen past its TTL as
-// B's clock sees it. After the takeover every Append, claim and
-// acknowledgment of A is refused with ErrFenced, nothing of A's is lost
-// or deleted, and B delivers, in order, every row that A's Append
-// reported stored.
+// B's clock sees it, and A's own guard not consulted (the case of a
+// clock that lied to it) — and opens the outbox, as its tenure does
+// first. After that every Append, claim and acknowledgment of A is
+// refused with ErrFenced, nothing of A's is lost or deleted, and B
+// delivers, in order, every row that A's Append reported stored.
 func TestDeposedOwnerIsFenced(t *testing.T) {
 	e := newEnv(t)
 	storeA := e.store(t, nil)
@@ -386,6 +388,7 @@ func TestDeposedOwnerIsFenced(t *testing.T) {
 	if tokB.Version != tokA.Version+1 {
 		t.Fatalf("B's version %d, A's %d", tokB.Version, tokA.Version)
 	}
+	b := e.open(t, tokB, Options{})
 	select {
 	case <-appender:
 	case <-time.After(10 * time.Second):
@@ -436,7 +439,6 @@ func TestDeposedOwnerIsFenced(t *testing.T) {
 	if n := e.rows(t); n != len(want) {
 		t.Fatalf("rows after the takeover: %d, want %d (nothing lost, nothing deleted by A)", n, len(want))
 	}
-	b := e.open(t, tokB, Options{})
 	if st := b.Stats(); st.Recovered != int64(len(want)) {
 		t.Fatalf("B recovered %d, want %d", st.Recovered, len(want))
 	}
@@ -459,23 +461,62 @@ func TestDeposedOwnerIsFenced(t *testing.T) {
 	}
 }
 
-// A released lease fences its last owner too (the row names no owner).
-func TestReleasedLeaseFences(t *testing.T) {
+// The tenure's own guard (its local lease deadline) refuses before any
+// successor opened the outbox: what the deposed owner still holds stays.
+func TestTenureGuardRefuses(t *testing.T) {
 	e := newEnv(t)
-	s := e.store(t, nil)
-	tok := e.acquire(t, s, "a#1")
-	o := e.open(t, tok, Options{})
-	appendN(t, o, 0, 1)
-	if err := s.Release(context.Background(), e.lease, tok); err != nil {
+	tok := e.acquire(t, e.store(t, nil), "a#1")
+	var valid atomic.Bool
+	valid.Store(true)
+	o := e.open(t, tok, Options{Valid: valid.Load})
+	appendN(t, o, 0, 2)
+	attach(t, o)
+	seq, _ := next(t, o)
+	valid.Store(false)
+	o.Ack(seq)
+	if err := o.flush(context.Background()); !errors.Is(err, ErrFenced) || !errors.Is(err, ErrTenureEnded) {
+		t.Fatalf("delete after the deadline: %v, want ErrFenced and ErrTenureEnded", err)
+	}
+	if err := o.Append(msg(2), nil); !errors.Is(err, ErrFenced) {
+		t.Fatalf("append after the deadline: %v", err)
+	}
+	if _, _, _, err := o.Next(nil); !errors.Is(err, ErrFenced) {
+		t.Fatalf("next after the deadline: %v", err)
+	}
+	if n := e.rows(t); n != 2 {
+		t.Fatalf("rows: %d, want 2 (nothing added, nothing deleted)", n)
+	}
+}
+
+// The fence only rises: an older version cannot open the outbox after a
+// newer one did, and the same tenure may open it again (another route, a
+// reopen).
+func TestFenceOnlyRises(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	open := func(owner string, v int64) error {
+		o, err := Open(ctx, Options{Pool: e.pool, Lease: e.lease, Route: "r1", Owner: owner, Version: v})
+		if err == nil {
+			err = o.Close()
+		}
+		return err
+	}
+	if err := open("b#1", 7); err != nil {
 		t.Fatal(err)
 	}
-	err := o.Append(msg(1), nil)
-	if !errors.Is(err, ErrFenced) {
-		t.Fatalf("append after release: %v", err)
+	if err := open("b#1", 7); err != nil {
+		t.Fatalf("the same tenure again: %v", err)
 	}
-	t.Log(err)
-	if n := e.rows(t); n != 1 {
-		t.Fatalf("rows: %d", n)
+	if err := open("a#1", 6); !errors.Is(err, ErrFenced) {
+		t.Fatalf("an older version: %v", err)
+	} else if !strings.Contains(err.Error(), `was taken over by b#1@v7`) {
+		t.Fatalf("the error does not name the holder: %v", err)
+	}
+	if err := open("c#1", 7); !errors.Is(err, ErrFenced) {
+		t.Fatalf("another owner at the same version: %v", err)
+	}
+	if err := open("c#1", 8); err != nil {
+		t.Fatalf("a newer version: %v", err)
 	}
 }
 
