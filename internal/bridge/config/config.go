@@ -64,6 +64,10 @@ const (
 	maxReceiveMaximum        = 65535
 	maxKeepAlive             = 65535 * time.Second
 	minKeepAlive             = time.Second
+	// SpoolFile and SpoolPostgres are the spool backends.
+	SpoolFile     = "file"
+	SpoolPostgres = "postgres"
+
 	leaseStoreSQLite         = "sqlite"
 	leaseStorePostgres       = "postgres"
 	leaseStoreEtcd           = "etcd"
@@ -261,8 +265,12 @@ type RouteSettings struct {
 	Spool *SpoolSettings
 }
 
-// SpoolSettings is a route's durable spool (package spool).
+// SpoolSettings is a route's durable spool: package spool (backend file)
+// or package outbox (backend postgres).
 type SpoolSettings struct {
+	// Backend is SpoolFile or SpoolPostgres.
+	Backend string
+	// Dir is the file spool's directory; empty for the postgres backend.
 	Dir                   string
 	MaxBytes, MaxMessages int
 	Full                  string // block or dead_letter
