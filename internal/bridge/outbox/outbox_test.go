@@ -84,7 +84,7 @@ func newEnv(t testing.TB) *env {
 }
 
 // store opens a real PostgreSQL lease store on the env's database.
-func (e *env) store(t *testing.T, clock lease.Clock) lease.Store {
+func (e *env) store(t testing.TB, clock lease.Clock) lease.Store {
 	t.Helper()
 	s, err := pgstore.OpenDSN(context.Background(), e.dsn, pgstore.Options{Clock: clock})
 	if err != nil {
@@ -103,7 +103,7 @@ func (e *env) acquire(t testing.TB, s lease.Store, owner string) lease.Token {
 	return tok
 }
 
-func (e *env) open(t *testing.T, tok lease.Token, o Options) *Outbox {
+func (e *env) open(t testing.TB, tok lease.Token, o Options) *Outbox {
 	t.Helper()
 	o.Pool, o.Lease, o.Route, o.Owner, o.Version = e.pool, e.lease, "r1", tok.Owner, tok.Version
 	if o.MaxMessages == 0 && o.MaxBytes == 0 {
@@ -119,7 +119,7 @@ func (e *env) open(t *testing.T, tok lease.Token, o Options) *Outbox {
 	return ob
 }
 
-func (e *env) rows(t *testing.T) int {
+func (e *env) rows(t testing.TB) int {
 	t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+Table+" WHERE lease_id = $1", e.lease).Scan(&n); err != nil {
