@@ -174,7 +174,12 @@ type Outbox struct {
 	bytes     int64
 	stats     spool.Stats
 
-	kick chan struct{} // an early DELETE (ackBatch settled rows)
+	// resync is set by an Append whose outcome is unknown (its
+	// statement failed, perhaps after its commit): the next Append first
+	// reads where the rows end.
+	resync     bool
+	resyncSize int64
+	kick       chan struct{} // an early DELETE (ackBatch settled rows)
 	stop chan struct{}
 	done chan struct{}
 }
@@ -413,23 +418,34 @@ func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
 		}
 		o.mu.Lock()
 	}
-	seq := o.nextSeq
+	resync, lostSize := o.resync, o.resyncSize
 	o.mu.Unlock()
 	if err := o.guard("append"); err != nil {
 		return err
 	}
+	ctx, cancel := quitContext(quit)
+	defer cancel()
+	if resync {
+		if err := o.resyncSeq(ctx, lostSize); err != nil {
+			return err
+		}
+	}
+	o.mu.Lock()
+	seq := o.nextSeq
+	o.mu.Unlock()
 
 	var recv int64
 	if !m.Received.IsZero() {
 		recv = m.Received.UnixNano()
 	}
-	ctx, cancel := quitContext(quit)
-	defer cancel()
 	tag, err := o.opts.Pool.Exec(ctx, `WITH `+fenceCTE+`
 		INSERT INTO `+Table+` (lease_id, route, seq, version, received_ns, qos, retain, topic, payload, properties, size)
 		SELECT $1, $4, $5, $3, $6, $7, $8, $9, $10, $11, $12 FROM f`,
 		o.opts.Lease, o.opts.Owner, o.opts.Version, o.opts.Route, int64(seq), recv, int16(m.QoS), m.Retain, m.Topic, m.Payload, props, size)
 	if err != nil {
+		o.mu.Lock()
+		o.resync, o.resyncSize = true, size
+		o.mu.Unlock()
 		return fmt.Errorf("outbox %s/%s: append: %w", o.opts.Lease, o.opts.Route, err)
 	}
 	if tag.RowsAffected() != 1 {
@@ -442,6 +458,28 @@ func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
 	o.stats.PeakMessages = max(o.stats.PeakMessages, o.count)
 	o.notify()
 	o.mu.Unlock()
+	return nil
+}
+
+// resyncSeq finds where the rows end after an Append whose outcome is
+// unknown: if its row was committed after all, the sequence moves past
+// it and it counts as held (the source, which was not acknowledged, sends
+// it again: a duplicate, never a gap or a reused seq).
+func (o *Outbox) resyncSeq(ctx context.Context, size int64) error {
+	var last int64
+	if err := o.opts.Pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM `+Table+` WHERE lease_id = $1 AND route = $2`,
+		o.opts.Lease, o.opts.Route).Scan(&last); err != nil {
+		return fmt.Errorf("outbox %s/%s: append: %w", o.opts.Lease, o.opts.Route, err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if uint64(last) >= o.nextSeq {
+		o.nextSeq = uint64(last) + 1
+		o.count++
+		o.bytes += size
+		o.notify()
+	}
+	o.resync = false
 	return nil
 }
 

@@ -80,7 +80,8 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return &env{dsn: dsn, pool: pool, lease: "plant/" + t.Name()}
+	// A lease id of its own per run (-count=N shares the cluster).
+	return &env{dsn: dsn, pool: pool, lease: fmt.Sprintf("plant/%s/%d", t.Name(), time.Now().UnixNano())}
 }
 
 // store opens a real PostgreSQL lease store on the env's database.
@@ -523,5 +524,36 @@ func TestFenceOnlyRises(t *testing.T) {
 func TestOpenRefusesBadOptions(t *testing.T) {
 	if _, err := Open(context.Background(), Options{}); err == nil {
 		t.Fatal("empty options accepted")
+	}
+}
+
+// An Append whose statement failed after its commit (the connection lost
+// with the reply) leaves a row the Outbox did not count: the next Append
+// moves past it instead of failing on the reused seq forever, and the
+// reader delivers both.
+func TestAppendAfterUnknownOutcome(t *testing.T) {
+	e := newEnv(t)
+	tok := e.acquire(t, e.store(t, nil), "a#1")
+	o := e.open(t, tok, Options{})
+	appendN(t, o, 0, 1)
+	// The row of the lost reply: committed at the next seq.
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO `+Table+` (lease_id, route, seq, version, received_ns, qos, retain, topic, payload, size)
+		VALUES ($1, 'r1', 2, $2, 0, 1, false, 't/1', 'm1', 52)`, e.lease, tok.Version); err != nil {
+		t.Fatal(err)
+	}
+	o.mu.Lock()
+	o.resync, o.resyncSize = true, 52
+	o.mu.Unlock()
+	if err := o.Append(msg(2), nil); err != nil {
+		t.Fatalf("append after an unknown outcome: %v", err)
+	}
+	if st := o.Stats(); st.Messages != 3 {
+		t.Fatalf("held %d, want 3", st.Messages)
+	}
+	attach(t, o)
+	for i := range 3 {
+		if seq, m := next(t, o); seq != uint64(i+1) || string(m.Payload) != fmt.Sprintf("m%d", i) {
+			t.Fatalf("row %d: seq %d %s", i, seq, m.Payload)
+		}
 	}
 }
