@@ -180,8 +180,8 @@ type Outbox struct {
 	resync     bool
 	resyncSize int64
 	kick       chan struct{} // an early DELETE (ackBatch settled rows)
-	stop chan struct{}
-	done chan struct{}
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 // OpenPool opens a pool on dsn for an Outbox, with synchronous_commit on
