@@ -68,13 +68,13 @@ const (
 	SpoolFile     = "file"
 	SpoolPostgres = "postgres"
 
-	leaseStoreSQLite         = "sqlite"
-	leaseStorePostgres       = "postgres"
-	leaseStoreEtcd           = "etcd"
-	senderMQTT, senderHTTP   = "mqtt", "http"
-	senderNATS, senderKafka  = "nats", "kafka"
-	senderFile               = "file"
-	senderAMQP, senderSQS    = "amqp", "sqs"
+	leaseStoreSQLite        = "sqlite"
+	leaseStorePostgres      = "postgres"
+	leaseStoreEtcd          = "etcd"
+	senderMQTT, senderHTTP  = "mqtt", "http"
+	senderNATS, senderKafka = "nats", "kafka"
+	senderFile              = "file"
+	senderAMQP, senderSQS   = "amqp", "sqs"
 )
 
 // BridgeSettings is the process-wide block.

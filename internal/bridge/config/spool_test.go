@@ -84,7 +84,9 @@ func TestPostgresSpool(t *testing.T) {
 }
 
 func TestPostgresSpoolRefusals(t *testing.T) {
-	spool := func(block string) (string, string) { return "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: " + block + "\n" }
+	spool := func(block string) (string, string) {
+		return "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: " + block + "\n"
+	}
 	cases := []struct {
 		name  string
 		pairs []string
