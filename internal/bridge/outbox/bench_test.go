@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
@@ -14,9 +17,26 @@ import (
 // the route's handler awaits it), the pump's claim of the row, and its
 // share of the batched, fenced DELETE. Messages of 256 bytes, one
 // appender, the reader concurrent as in a route. It reports msg/s and
-// the mean Append latency (append_us).
+// the mean Append latency (append_us). MYRIARCH_OUTBOX_FSYNC=on runs the
+// server with fsync on; MYRIARCH_OUTBOX_SYNC_COMMIT=off shows what an
+// asynchronous commit would buy.
 func BenchmarkAppendAck(b *testing.B) {
 	e := newEnv(b)
+	if v := os.Getenv("MYRIARCH_OUTBOX_SYNC_COMMIT"); v != "" {
+		// What synchronous_commit off would buy (not an option of the
+		// bridge: an acknowledged message could be lost with the server).
+		cfg, err := pgxpool.ParseConfig(e.dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = v
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(pool.Close)
+		e.pool = pool
+	}
 	tok := e.acquire(b, e.store(b, nil), "bench#1")
 	o := e.open(b, tok, Options{})
 	m := &transport.Message{Topic: "plant/line1/telemetry", Payload: make([]byte, 256), QoS: 1, Received: time.Now()}

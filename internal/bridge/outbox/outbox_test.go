@@ -50,7 +50,14 @@ func sharedCluster(t testing.TB) *pgtest.Cluster {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cluster, clusterErr = pgtest.Start(ctx, pgtest.Options{})
+		// MYRIARCH_OUTBOX_FSYNC=on measures with the WAL flushed at
+		// each commit, as a production server does (pgtest's default is
+		// fsync off).
+		var settings map[string]string
+		if v := os.Getenv("MYRIARCH_OUTBOX_FSYNC"); v != "" {
+			settings = map[string]string{"fsync": v}
+		}
+		cluster, clusterErr = pgtest.Start(ctx, pgtest.Options{Settings: settings})
 	})
 	if errors.Is(clusterErr, pgtest.ErrNotInstalled) && os.Getenv("CI") != "true" {
 		t.Skip(clusterErr)
