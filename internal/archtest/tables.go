@@ -52,6 +52,8 @@ var TableOwners = []TableOwner{
 	{"myriarch_leases", "lease/pgstore"},
 	{"myriarch_leases", "lease/sqlitestore"},
 	{"myriarch_lease_schema", "lease/pgstore"},
+	{"myriarch_bridge_outbox", "internal/bridge/outbox"},
+	{"myriarch_bridge_outbox_fence", "internal/bridge/outbox"},
 
 	{"leaderlab_writes", "internal/leaderlab"},
 }

@@ -64,13 +64,17 @@ const (
 	maxReceiveMaximum        = 65535
 	maxKeepAlive             = 65535 * time.Second
 	minKeepAlive             = time.Second
-	leaseStoreSQLite         = "sqlite"
-	leaseStorePostgres       = "postgres"
-	leaseStoreEtcd           = "etcd"
-	senderMQTT, senderHTTP   = "mqtt", "http"
-	senderNATS, senderKafka  = "nats", "kafka"
-	senderFile               = "file"
-	senderAMQP, senderSQS    = "amqp", "sqs"
+	// SpoolFile and SpoolPostgres are the spool backends.
+	SpoolFile     = "file"
+	SpoolPostgres = "postgres"
+
+	leaseStoreSQLite        = "sqlite"
+	leaseStorePostgres      = "postgres"
+	leaseStoreEtcd          = "etcd"
+	senderMQTT, senderHTTP  = "mqtt", "http"
+	senderNATS, senderKafka = "nats", "kafka"
+	senderFile              = "file"
+	senderAMQP, senderSQS   = "amqp", "sqs"
 )
 
 // BridgeSettings is the process-wide block.
@@ -261,8 +265,12 @@ type RouteSettings struct {
 	Spool *SpoolSettings
 }
 
-// SpoolSettings is a route's durable spool (package spool).
+// SpoolSettings is a route's durable spool: package spool (backend file)
+// or package outbox (backend postgres).
 type SpoolSettings struct {
+	// Backend is SpoolFile or SpoolPostgres.
+	Backend string
+	// Dir is the file spool's directory; empty for the postgres backend.
 	Dir                   string
 	MaxBytes, MaxMessages int
 	Full                  string // block or dead_letter

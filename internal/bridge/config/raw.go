@@ -240,6 +240,7 @@ type Route struct {
 
 // Spool is a route's durable spool.
 type Spool struct {
+	Backend       string `yaml:"backend"`
 	Dir           string `yaml:"dir"`
 	MaxBytes      *int   `yaml:"max_bytes"`
 	MaxMessages   *int   `yaml:"max_messages"`

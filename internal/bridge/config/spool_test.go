@@ -16,7 +16,7 @@ func TestSpoolSettings(t *testing.T) {
 	if sp == nil {
 		t.Fatal("no spool")
 	}
-	want := SpoolSettings{Dir: filepath.Join("/etc/b", "plant-bridge-telemetry-archive.spool"), MaxBytes: DefaultSpoolMaxBytes, MaxMessages: 5000,
+	want := SpoolSettings{Backend: "file", Dir: filepath.Join("/etc/b", "plant-bridge-telemetry-archive.spool"), MaxBytes: DefaultSpoolMaxBytes, MaxMessages: 5000,
 		Full: "block", Fsync: "always", FsyncInterval: 200 * time.Millisecond, SegmentBytes: DefaultSpoolSegmentBytes}
 	if *sp != want {
 		t.Fatalf("spool %+v\nwant  %+v", *sp, want)
@@ -36,6 +36,7 @@ func TestSpoolRefusals(t *testing.T) {
 		{"{fsync_interval: 0s}", `routes[0].spool.fsync_interval: "0s": must be a positive duration`},
 		{"{segment_bytes: 10}", `routes[0].spool.segment_bytes: 10: must be within [4096, 1073741824]`},
 		{"{sync: always}", `routes[0].spool.sync: unknown key`},
+		{"{backend: s3}", `routes[0].spool.backend: "s3": must be file or postgres`},
 	}
 	for _, c := range cases {
 		_, err := Parse("bad.yaml", []byte(edit(t, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: "+c.block+"\n")))
@@ -43,12 +44,72 @@ func TestSpoolRefusals(t *testing.T) {
 			t.Errorf("spool %s: got %v\nwant a problem containing %s", c.block, err, c.want)
 		}
 	}
-	// A file spool on an exclusive session with a shared store.
-	y := edit(t, "lease: {type: sqlite, path: /tmp/lease.db}", "lease: {type: postgres, dsn: 'postgres://x@127.0.0.1/db'}",
-		"    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: {}\n")
-	_, err := Parse("bad.yaml", []byte(y))
-	if err == nil || !strings.Contains(err.Error(), `routes[0].spool: a file spool is local to one host, and with a postgres lease store`) {
-		t.Errorf("postgres store with a file spool: %v", err)
+}
+
+const pgStore = "lease: {type: postgres, dsn: 'postgres://x@127.0.0.1/db'}"
+
+// The file spool on an exclusive session with a shared lease store is
+// refused, and the error points at the backend that fits.
+func TestFileSpoolRefusedOnSharedStore(t *testing.T) {
+	for _, c := range []struct{ store, want string }{
+		{pgStore, `routes[0].spool.backend: "file": a file spool is local to one host, and with a postgres lease store the successor of exclusive session "plant" may run on another host, where it could not read the spool: use backend: postgres`},
+		{"lease: {type: etcd, endpoints: ['127.0.0.1:2379']}", `routes[0].spool.backend: "file": a file spool is local to one host, and with an etcd lease store the successor of exclusive session "plant" may run on another host, where it could not read the spool; the clustered spool is built on PostgreSQL only`},
+	} {
+		y := edit(t, "lease: {type: sqlite, path: /tmp/lease.db}", c.store, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: {}\n")
+		_, err := Parse("bad.yaml", []byte(y))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s with a file spool: %v\nwant %s", c.store, err, c.want)
+		}
+	}
+}
+
+// backend postgres: an exclusive session on the postgres lease store; the
+// shape the lab's clustered pair uses (spool: {backend: postgres, ...}).
+func TestPostgresSpool(t *testing.T) {
+	y := edit(t, "lease: {type: sqlite, path: /tmp/lease.db}", pgStore, "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: {backend: postgres, max_messages: 100000, full: dead_letter}\n")
+	cfg, err := Parse("good.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := SpoolSettings{Backend: "postgres", MaxBytes: DefaultSpoolMaxBytes, MaxMessages: 100000, Full: "dead_letter",
+		Fsync: "interval", FsyncInterval: 200 * time.Millisecond, SegmentBytes: DefaultSpoolSegmentBytes}
+	if sp := cfg.Routes[0].Spool; sp == nil || *sp != want {
+		t.Fatalf("spool %+v\nwant  %+v", sp, want)
+	}
+	// Two routes with the postgres backend: no shared-directory clash.
+	y2 := strings.Replace(y, "routes:\n", "routes:\n  - {id: second, receiver: telemetry, senders: [archive], lease_ttl: 10s, step_down_grace: 3s, failover_slo: 120s, broker_health_step_down: 20s, spool: {backend: postgres}}\n", 1)
+	if _, err := Parse("good.yaml", []byte(y2)); err != nil {
+		t.Fatalf("two postgres spools: %v", err)
+	}
+}
+
+func TestPostgresSpoolRefusals(t *testing.T) {
+	spool := func(block string) (string, string) {
+		return "    lease_ttl: 10s\n", "    lease_ttl: 10s\n    spool: " + block + "\n"
+	}
+	cases := []struct {
+		name  string
+		pairs []string
+		want  string
+	}{
+		{"sqlite store", []string{}, `routes[0].spool.backend: "postgres": needs stores.lease.type postgres: the spool lives in the lease store's database and is fenced by its lease rows, and this lease store is sqlite`},
+		{"etcd store", []string{"lease: {type: sqlite, path: /tmp/lease.db}", "lease: {type: etcd, endpoints: ['127.0.0.1:2379']}"},
+			`routes[0].spool.backend: "postgres": needs stores.lease.type postgres: the spool lives in the lease store's database and is fenced by its lease rows, and this lease store is etcd (there is no etcd spool`},
+		{"not exclusive", []string{"lease: {type: sqlite, path: /tmp/lease.db}", pgStore, "    session_mode: exclusive\n", "    session_mode: persistent\n"},
+			`routes[0].spool.backend: "postgres": needs an exclusive session: the postgres spool is fenced by the session's lease, and session "plant" is persistent (use backend file)`},
+		{"file settings", []string{"lease: {type: sqlite, path: /tmp/lease.db}", pgStore}, `routes[0].spool.dir: "/var/spool/x": is a setting of the file spool; backend postgres keeps the spool in the lease store's database`},
+	}
+	for _, c := range cases {
+		block := "{backend: postgres}"
+		if c.name == "file settings" {
+			block = "{backend: postgres, dir: /var/spool/x}"
+		}
+		o, n := spool(block)
+		y := edit(t, append(c.pairs, o, n)...)
+		_, err := Parse("bad.yaml", []byte(y))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v\nwant a problem containing %s", c.name, err, c.want)
+		}
 	}
 }
 

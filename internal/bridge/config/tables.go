@@ -221,27 +221,29 @@ var routeTable = Table{Name: "routes[]", Rows: slices.Concat([]Row{
 	{Key: "max_in_flight", To: to(func(r *routeIn) *int { return &r.MaxInFlight }), Kind: Int, Default: strconv.Itoa(DefaultMaxInFlight), Rule: Rule{Min: "1", Max: strconv.Itoa(1 << 20)},
 		Meaning: "messages the route holds; a full route stops intake (backpressure)"},
 	{Key: "spool", Kind: Object, Table: &spoolTable, DefaultDoc: "none",
-		Meaning: "a durable spool on local disk: the source is acknowledged once the spool holds a message, and the route delivers from it in order, see `spool:` and \"Durable spool\""},
+		Meaning: "a durable spool, on local disk or (clustered exclusive sessions) in the PostgreSQL lease store: the source is acknowledged once the spool holds a message, and the route delivers from it in order, see `spool:` and \"Durable spool\""},
 }, leaseKeyRows(func(r *routeIn) *failover.SessionPolicy { return &r.policy }, func(r *routeIn) *bool { return &r.connectAfterLease }, false), []Row{
 	{Key: "peak_message_rate", To: to(func(r *routeIn) *float64 { return &r.PeakMessageRate }), ExclusiveOnly: true, Kind: Number, DefaultDoc: "not declared", Rule: Rule{Min: "0", Says: "must be a positive number of messages per second, or omitted"},
 		Meaning: "exclusive sessions only: the route's peak message rate (msg/s); admission refuses a broker queue smaller than rate × worst-case budget (see \"Queue room\")"},
 })}
 
 var spoolTable = Table{Name: "spool", Rows: []Row{
+	{Key: "backend", To: to(func(s *SpoolSettings) *string { return &s.Backend }), Kind: String, Default: SpoolFile, Rule: Rule{OneOf: []string{SpoolFile, SpoolPostgres}},
+		Meaning: "`file`: segment files in `dir` on this host (a non-exclusive session, or an exclusive one with the sqlite lease store); `postgres`: the table `myriarch_bridge_outbox` in the lease store's database (`stores.lease.dsn`), for an exclusive session whose lease store is `postgres`, every write fenced by the session's lease version so that the successor on another host continues from it"},
 	{Key: "dir", To: verbatim(func(s *SpoolSettings) *string { return &s.Dir }), Kind: String, DefaultDoc: "`<state_dir>/<bridge id>-<route id>.spool`",
-		Meaning: "the spool's directory (segment files, the `acked` checkpoint, a `LOCK` file); one route's, on a local file system"},
+		Meaning: "`file` only: the spool's directory (segment files, the `acked` checkpoint, a `LOCK` file); one route's, on a local file system"},
 	{Key: "max_bytes", To: to(func(s *SpoolSettings) *int { return &s.MaxBytes }), Kind: Int, Default: strconv.Itoa(DefaultSpoolMaxBytes), Rule: Rule{Min: "0", Says: "must be 0 (no bound) or a positive number of bytes"},
-		Meaning: "the most the spool holds, in bytes of records (a record is the message plus about 30 bytes); 0 is no bound"},
+		Meaning: "the most the spool holds, in bytes of records (a record is the message plus about 30 bytes; 48 with `postgres`); 0 is no bound"},
 	{Key: "max_messages", To: to(func(s *SpoolSettings) *int { return &s.MaxMessages }), Kind: Int, Default: "0", Rule: Rule{Min: "0", Says: "must be 0 (no bound) or a positive number of messages"},
 		Meaning: "the most messages the spool holds; 0 is no bound (one of the two bounds must be set)"},
 	{Key: "full", To: to(func(s *SpoolSettings) *string { return &s.Full }), Kind: String, Default: "block", Rule: Rule{OneOf: []string{"block", "dead_letter"}},
 		Meaning: "a full spool: `block` stops taking messages from the source (which then queues them, within its own limit), `dead_letter` writes the message to the dead-letter file (reason `spool full`) and acknowledges it"},
 	{Key: "fsync", To: to(func(s *SpoolSettings) *string { return &s.Fsync }), Kind: String, Default: "interval", Rule: Rule{OneOf: []string{"always", "interval", "never"}},
-		Meaning: "`always`: each message is synced to disk before the source is acknowledged; `interval`: synced every `fsync_interval` (a power loss may lose that much, a process crash nothing); `never`: left to the kernel"},
+		Meaning: "`file` only (the `postgres` backend acknowledges the source after the INSERT committed, with `synchronous_commit` on): `always`: each message is synced to disk before the source is acknowledged; `interval`: synced every `fsync_interval` (a power loss may lose that much, a process crash nothing); `never`: left to the kernel"},
 	{Key: "fsync_interval", To: to(func(s *SpoolSettings) *time.Duration { return &s.FsyncInterval }), Kind: Duration, Default: "200ms", Rule: Rule{Positive: true, Max: "1m"},
-		Meaning: "the sync cadence of `fsync: interval`, and for every policy the cadence of the acknowledgment checkpoint (what a restart delivers again)"},
+		Meaning: "`file` only: the sync cadence of `fsync: interval`, and for every policy the cadence of the acknowledgment checkpoint (what a restart delivers again)"},
 	{Key: "segment_bytes", To: to(func(s *SpoolSettings) *int { return &s.SegmentBytes }), Kind: Int, Default: strconv.Itoa(DefaultSpoolSegmentBytes), Rule: Rule{Min: "4096", Max: strconv.Itoa(1 << 30)},
-		Meaning: "the size of one segment file; a segment is deleted once every message in it was delivered or dead-lettered"},
+		Meaning: "`file` only: the size of one segment file; a segment is deleted once every message in it was delivered or dead-lettered"},
 }}
 
 var mappingTable = Table{Name: "mappings[]", Rows: []Row{

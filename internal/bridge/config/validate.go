@@ -619,8 +619,8 @@ func (v *validator) routes(f *File, cfg *Config) {
 	v.loopPeers(f, cfg)
 	spoolDirs := map[string]string{}
 	for i, r := range cfg.Routes {
-		if r.Spool == nil {
-			continue
+		if r.Spool == nil || r.Spool.Backend != SpoolFile {
+			continue // an outbox is keyed by its lease and route
 		}
 		dir := filepath.Clean(r.Spool.Dir)
 		if prev, ok := spoolDirs[dir]; ok {
@@ -652,20 +652,52 @@ func (v *validator) routes(f *File, cfg *Config) {
 // host: on an exclusive session it needs the sqlite lease store (every
 // instance on the one host, sharing the directory under its lock); with a
 // shared store the successor may run on another host, where it could not
-// read the spool (the PostgreSQL spool is not built yet).
+// read the spool, so a clustered exclusive session uses the postgres
+// backend (package outbox), which lives in the lease store's database and
+// is fenced by its lease rows. There is no etcd backend: etcd is not a
+// place for a message backlog (its whole keyspace is bounded by its quota,
+// 2 GiB by default, and every value is replicated through the Raft log).
 func (v *validator) spool(p string, r *Route, sess *SessionSettings, cfg *Config) *SpoolSettings {
 	s := &SpoolSettings{}
-	v.resolve(p, &spoolTable, r.Spool, s)
+	vs := v.resolve(p, &spoolTable, r.Spool, s)
 	if s.MaxBytes == 0 && s.MaxMessages == 0 {
 		v.add(p+".max_bytes", "0", "and max_messages are both 0: a spool needs a bound (bytes, messages or both), or a destination outage fills the disk")
+	}
+	exclusive := sess != nil && sess.Mode == Exclusive
+	if s.Backend == SpoolPostgres {
+		for i := range spoolTable.Rows {
+			row := &spoolTable.Rows[i]
+			switch row.Key {
+			case "dir", "fsync", "fsync_interval", "segment_bytes":
+				if vs.given(row) {
+					v.add(p+"."+row.Key, vs.written(row),
+						"is a setting of the file spool; backend postgres keeps the spool in the lease store's database and acknowledges the source after the INSERT committed")
+				}
+			}
+		}
+		s.Dir = ""
+		switch {
+		case sess != nil && !exclusive:
+			v.add(p+".backend", SpoolPostgres, "needs an exclusive session: the postgres spool is fenced by the session's lease, and session %q is %s (use backend file)", sess.ID, sess.Mode)
+		case cfg.LeaseStore.Type == leaseStoreEtcd:
+			v.add(p+".backend", SpoolPostgres, "needs stores.lease.type postgres: the spool lives in the lease store's database and is fenced by its lease rows, and this lease store is etcd (there is no etcd spool: see \"Durable spool\")")
+		case cfg.LeaseStore.Type != leaseStorePostgres:
+			v.add(p+".backend", SpoolPostgres, "needs stores.lease.type postgres: the spool lives in the lease store's database and is fenced by its lease rows, and this lease store is %s (with sqlite every instance is on one host: use backend file)", cfg.LeaseStore.Type)
+		}
+		return s
 	}
 	if s.Dir == "" {
 		s.Dir = filepath.Join(cfg.Bridge.StateDir, cfg.Bridge.ID+"-"+r.ID+".spool")
 	} else if !filepath.IsAbs(s.Dir) && v.file != "" {
 		s.Dir = filepath.Join(filepath.Dir(v.file), s.Dir)
 	}
-	if sess != nil && sess.Mode == Exclusive && cfg.LeaseStore.Type != leaseStoreSQLite {
-		v.add(p, nil, "a file spool is local to one host, and with a %s lease store the successor of exclusive session %q may run on another host, where it could not read the spool; the PostgreSQL spool for clustered sessions is not built yet: use a sqlite lease store (one host) or no spool", cfg.LeaseStore.Type, sess.ID)
+	if exclusive {
+		switch cfg.LeaseStore.Type {
+		case leaseStorePostgres:
+			v.add(p+".backend", SpoolFile, "a file spool is local to one host, and with a postgres lease store the successor of exclusive session %q may run on another host, where it could not read the spool: use backend: postgres (the spool in the lease store's database, fenced by the session's lease), or no spool", sess.ID)
+		case leaseStoreEtcd:
+			v.add(p+".backend", SpoolFile, "a file spool is local to one host, and with an etcd lease store the successor of exclusive session %q may run on another host, where it could not read the spool; the clustered spool is built on PostgreSQL only (backend: postgres with stores.lease.type postgres), or use a sqlite lease store (one host) or no spool", sess.ID)
+		}
 	}
 	return s
 }
