@@ -270,6 +270,8 @@ func RunOutage(ctx context.Context, opts OutageOptions) (*OutageReport, error) {
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
 	}
+	// The passes run at once and write progress lines each.
+	opts.Progress = &lockedWriter{w: opts.Progress}
 	if opts.ProgressEvery <= 0 {
 		opts.ProgressEvery = 10 * time.Second
 	}
@@ -377,6 +379,18 @@ func RunOutage(ctx context.Context, opts OutageOptions) (*OutageReport, error) {
 		}
 	}
 	return rep, nil
+}
+
+// lockedWriter serializes writes of several goroutines to one writer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // outagePass is one pass (spool on or off) of one scenario.
