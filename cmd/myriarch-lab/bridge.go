@@ -68,7 +68,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	keep := fs.String("keep", "", "keep configs and bridge logs in this directory")
 	store := fs.String("store", lab.StoreSQLite, "lease store: sqlite, postgres (a throwaway cluster) or etcd (embedded)")
 	broker := fs.String("broker", "", "external broker URL (tcp://host:port); \"mosquitto\" starts a local mosquitto with its defaults, \"mosquitto:N\" one with max_queued_messages N; default an embedded broker")
-	scenarios := fs.String("scenarios", strings.Join(lab.DemoScenarios, ","), "comma-separated scenarios, or \"all\": "+strings.Join(lab.AllScenarios, ", "))
+	scenarios := fs.String("scenarios", strings.Join(lab.DemoScenarios, ","), "comma-separated scenarios, or \"all\": "+strings.Join(lab.AllScenarios, ", ")+"; or the destination-outage scenarios (run alone; see --outage): "+strings.Join(lab.OutageScenarios, ", "))
 	runs := fs.Int("runs", 0, "run N randomized fault rounds (scenario and timing drawn from --seed) and print one summary line")
 	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
 	bridgeBin := fs.String("bridge", "", "the myriarch-bridge binary the lab runs (default: next to this binary, else on PATH)")
