@@ -68,20 +68,21 @@ func TestDestinationOutage(t *testing.T) {
 
 // TestDestinationOutageOwnerKill: the same on a pair sharing a sqlite
 // lease store and the spool directory; the owner is killed halfway
-// through a 16s outage and the standby continues from the spool. 100
-// msg/s keeps the failover itself (about 7s, nothing reads the source
-// session) within mosquitto's default queue of 1000.
+// through a 16s outage and the standby continues from the spool. 50
+// msg/s keeps the failover itself (about 7s here, nothing reads the source
+// session meanwhile) within mosquitto's default queue of 1000 even if a
+// loaded host makes it take three times as long.
 func TestDestinationOutageOwnerKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a bridge pair through a 16s destination outage with an owner kill (~50s)")
 	}
-	rep, code, log := runOutageLab(t, "--scenarios", lab.DestinationOutageOwnerKill, "--rate", "100", "--outage", "16s", "--spool", "on")
+	rep, code, log := runOutageLab(t, "--scenarios", lab.DestinationOutageOwnerKill, "--rate", "50", "--outage", "16s", "--spool", "on")
 	if len(rep.Rows) != 1 {
 		t.Fatalf("exit %d: %d rows, want the spool pass\n%s", code, len(rep.Rows), log)
 	}
 	r := rep.Rows[0]
-	if !r.Pass || r.Lost != 0 || r.OutOfOrder != 0 || r.Duplicates > r.DuplicateWindow || r.Published < 1600 ||
-		r.FailoverS == nil || *r.FailoverS <= 0 || r.LostDuringFailover == nil || *r.LostDuringFailover != 0 || r.SpoolPeak < 800 {
+	if !r.Pass || r.Lost != 0 || r.OutOfOrder != 0 || r.Duplicates > r.DuplicateWindow || r.Published < 800 ||
+		r.FailoverS == nil || *r.FailoverS <= 0 || r.LostDuringFailover == nil || *r.LostDuringFailover != 0 || r.SpoolPeak < 400 {
 		t.Errorf("exit %d: %+v\n%s", code, r, log)
 	}
 	if code != 0 {
