@@ -63,7 +63,10 @@ proof-anchors:
 # MQTT→MQTT in one run (needs mosquitto): direct, mosquitto's own bridge,
 # myriarch-bridge on an ephemeral and on an exclusive session; prints the
 # table of docs/bridge.md "Throughput" with the ratio against mosquitto's
-# bridge, CPU per message and the load average. BENCH=. runs every benchmark.
+# bridge, CPU per message and the load average; then the spool's rows
+# (BenchmarkCompareSpool): the bridge without a spool, with one at fsync
+# interval and at fsync always, against the same anchor, and the spool's own
+# append+settle rate per fsync policy. BENCH=. runs every benchmark.
 BENCH ?= Compare
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 20m ./internal/bridge/bench/

@@ -154,8 +154,16 @@ func TestBridgeChartAlertThresholds(t *testing.T) {
 			t.Errorf("%q: no-owner for %v, want %ds", set, got, want)
 		}
 	}
+	// The spool alert's threshold: 15m by default, else prometheusRule.spoolOldestAge.
+	spoolAge := regexp.MustCompile(`myriarch_bridge_spool_oldest_age_seconds\{[^}]*\}\) > ([0-9]+)\s*$`)
+	for set, want := range map[string]string{"": "900", "prometheusRule: {enabled: true, spoolOldestAge: 2h30m}": "9000"} {
+		e := rules(set)["MyriarchBridgeSpoolOldestAge"]["expr"].(string)
+		if m := spoolAge.FindStringSubmatch(e); m == nil || m[1] != want {
+			t.Errorf("%q: spool alert %q, want threshold %s", set, e, want)
+		}
+	}
 	for _, a := range []string{"MyriarchBridgeFailoverOverSLO", "MyriarchBridgeBrokerHealthStepDown", "MyriarchBridgeSessionNoOwner",
-		"MyriarchBridgeServiceBelowFull", "MyriarchBridgeDeadLetters", "MyriarchBridgeLeaseRenewFailures"} {
+		"MyriarchBridgeServiceBelowFull", "MyriarchBridgeDeadLetters", "MyriarchBridgeLeaseRenewFailures", "MyriarchBridgeSpoolOldestAge"} {
 		r, ok := rules("")[a]
 		if !ok {
 			t.Errorf("alert %s missing", a)

@@ -11,10 +11,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/myriarch/myriarch/internal/bridge/lab"
 	"github.com/myriarch/myriarch/internal/cli"
@@ -66,7 +68,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	keep := fs.String("keep", "", "keep configs and bridge logs in this directory")
 	store := fs.String("store", lab.StoreSQLite, "lease store: sqlite, postgres (a throwaway cluster) or etcd (embedded)")
 	broker := fs.String("broker", "", "external broker URL (tcp://host:port); \"mosquitto\" starts a local mosquitto with its defaults, \"mosquitto:N\" one with max_queued_messages N; default an embedded broker")
-	scenarios := fs.String("scenarios", strings.Join(lab.DemoScenarios, ","), "comma-separated scenarios, or \"all\": "+strings.Join(lab.AllScenarios, ", "))
+	scenarios := fs.String("scenarios", strings.Join(lab.DemoScenarios, ","), "comma-separated scenarios, or \"all\": "+strings.Join(lab.AllScenarios, ", ")+"; or the destination-outage scenarios (run alone; see --outage): "+strings.Join(lab.OutageScenarios, ", "))
 	runs := fs.Int("runs", 0, "run N randomized fault rounds (scenario and timing drawn from --seed) and print one summary line")
 	seed := fs.Int64("seed", 1, "seed of the randomized rounds")
 	bridgeBin := fs.String("bridge", "", "the myriarch-bridge binary the lab runs (default: next to this binary, else on PATH)")
@@ -74,6 +76,11 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	sessionsFlag := fs.String("sessions", "", "the scale lab: N (or a comma-separated list N1,N2,... run one after another) exclusive sessions per process, each with its own lease and broker connection, a message stream on every one (--rate is then the total over all sessions; default 2 per session, at least 20 and at most 1000), after a one-session reference run; scenarios owner_sigkill and owner_planned_stop")
 	leaseTTL := fs.Duration("lease-ttl", 0, "the scale lab: lease_ttl of every session (default 6s)")
 	svg := fs.String("svg", "", "the scale lab: write the plot of the runs (herd time, memory per session, CPU against sessions) to this SVG file")
+	outage := fs.Duration("outage", 10*time.Second, "destination_outage scenarios: how long the destination broker stays down")
+	spoolPasses := fs.String("spool", lab.SpoolBoth, "destination_outage scenarios: both (spool on and off side by side), on or off")
+	fsync := fs.String("fsync", "interval", "destination_outage scenarios: the file spool's fsync policy (always, interval, never)")
+	topics := fs.Int("topics", 4, "destination_outage scenarios: topics the messages are spread over (order is judged per topic)")
+	progressEvery := fs.Duration("progress-every", 10*time.Second, "destination_outage scenarios: cadence of the progress lines")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -109,6 +116,15 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		return cli.ExitUsage
 	}
 	sc := strings.Split(*scenarios, ",")
+	if slices.ContainsFunc(sc, lab.IsOutageScenario) {
+		if !slices.ContainsFunc(sc, func(s string) bool { return !lab.IsOutageScenario(s) }) && len(sessions) == 0 && *runs == 0 && *queue == 0 {
+			return runOutage(lab.OutageOptions{Command: labExec, Scenarios: sc, Store: *store, Rate: *rate, Outage: *outage,
+				Topics: *topics, Spool: *spoolPasses, Fsync: *fsync, Dir: *keep, Progress: stderr, ProgressEvery: *progressEvery},
+				*broker, *asJSON, stdout, stderr)
+		}
+		fmt.Fprintf(stderr, "--scenarios %q: %s run alone (without --sessions, --runs or --broker-queue-limit)\n", *scenarios, strings.Join(lab.OutageScenarios, " and "))
+		return cli.ExitUsage
+	}
 	if *scenarios == "all" {
 		sc = lab.AllScenarios
 	}
@@ -198,6 +214,54 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err != nil || !rep.OK() {
+		return 1
+	}
+	return 0
+}
+
+// runOutage runs the destination-outage scenarios. broker "" or
+// "mosquitto" starts mosquitto with its default queue limit,
+// "mosquitto:N" one with max_queued_messages N, a tcp:// URL uses that
+// broker as the source.
+func runOutage(opts lab.OutageOptions, broker string, asJSON bool, stdout, stderr io.Writer) int {
+	if opts.Outage <= 0 || opts.Topics <= 0 || opts.ProgressEvery <= 0 {
+		fmt.Fprintf(stderr, "--outage %v, --topics %d, --progress-every %v: must be positive\n", opts.Outage, opts.Topics, opts.ProgressEvery)
+		return cli.ExitUsage
+	}
+	switch name, arg, _ := strings.Cut(broker, ":"); {
+	case broker == "" || broker == "mosquitto":
+	case name == "mosquitto":
+		n, err := strconv.Atoi(arg)
+		if err != nil || n <= 0 {
+			fmt.Fprintf(stderr, "--broker %q: the queue limit after mosquitto: must be a positive integer\n", broker)
+			return cli.ExitUsage
+		}
+		opts.SourceQueue = n
+	default:
+		opts.Source = broker
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := lab.RunOutage(ctx, opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "lab:", err)
+	}
+	if rep != nil {
+		if asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(rep)
+		} else {
+			fmt.Fprintf(stdout, "source: %s, load average at start %s\n", rep.Source, rep.Load)
+			for _, r := range rep.Rows {
+				fmt.Fprintln(stdout, r.Line())
+				for _, p := range r.Problems {
+					fmt.Fprintf(stdout, "  %s [%s]: %s\n", r.Scenario, r.Spool, p)
+				}
+			}
+		}
+	}
+	if err != nil || rep == nil || !rep.OK() {
 		return 1
 	}
 	return 0

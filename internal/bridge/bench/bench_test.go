@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -35,6 +36,7 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/routing"
 	"github.com/myriarch/myriarch/internal/bridge/sender"
 	mqttsender "github.com/myriarch/myriarch/internal/bridge/sender/mqtt"
+	"github.com/myriarch/myriarch/internal/bridge/spool"
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 	"github.com/myriarch/myriarch/internal/bridge/transport/mqtt"
 	"github.com/myriarch/myriarch/lease"
@@ -250,6 +252,15 @@ func startBridge(b *testing.B, a, dst, clientID string, own *lease.Ownership, f 
 // routes routes: route k has its own session (filter in/k/#, or in/# for a
 // single route) and its own MQTT sender to dst.
 func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing, routes int) (stop func(), err error) {
+	return startBridgeSpool(a, dst, clientID, own, f, routes, "")
+}
+
+// startBridgeSpool is startBridgeErr with, unless spoolFsync is empty, a
+// durable file spool on every route (in a temporary directory removed at
+// stop) with that fsync policy: the dispatcher appends each message and
+// acknowledges the source once the spool holds it, and the route
+// delivers from the spool, as a route with `spool:` runs.
+func startBridgeSpool(a, dst, clientID string, own *lease.Ownership, f fencing, routes int, spoolFsync string) (stop func(), err error) {
 	ctx := context.Background()
 	var stamp fence.Stamp
 	var guard fence.Tenure
@@ -270,10 +281,27 @@ func startBridgeErr(a, dst, clientID string, own *lease.Ownership, f fencing, ro
 		if routes > 1 {
 			filter, id = fmt.Sprintf("in/%d/#", k), fmt.Sprintf("%s-%d", clientID, k)
 		}
+		var sp routing.Spool
+		if spoolFsync != "" {
+			dir, err := os.MkdirTemp("", "bench-spool-")
+			if err != nil {
+				stop()
+				return nil, err
+			}
+			s, err := spool.Open(ctx, spool.Options{Dir: dir, MaxBytes: 1 << 30, Fsync: spoolFsync, FsyncInterval: spool.DefaultFsyncInterval})
+			if err != nil {
+				_ = os.RemoveAll(dir)
+				stop()
+				return nil, err
+			}
+			sp = s
+			// Registered before the route's stop: it runs after it.
+			stops = append(stops, func() { _ = s.Close(); _ = os.RemoveAll(dir) })
+		}
 		out := mqttsender.New(mqttsender.Config{Broker: dst, ClientID: id + "-out", QoS: 1, KeepAlive: 30 * time.Second})
 		route := routing.NewRoute(routing.RouteConfig{ID: "r", Filters: []string{filter}, MaxInFlight: window,
 			StripPrefix: "in/", AddPrefix: "out/", Targets: []routing.Target{{ID: "dst", Sender: out, MaxAttempts: 3}},
-			Fence: stamp, Tenure: guard})
+			Fence: stamp, Tenure: guard, Spool: sp})
 		d := &routing.Dispatcher{Session: "s", Routes: []*routing.Route{route}}
 		// No session expiry: a bridge that stopped leaves no session behind
 		// to queue the next measurement's messages.

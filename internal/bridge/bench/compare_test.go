@@ -19,6 +19,7 @@ import (
 
 	"github.com/myriarch/myriarch/failover"
 	"github.com/myriarch/myriarch/internal/bridge/procs"
+	"github.com/myriarch/myriarch/internal/bridge/spool"
 	"github.com/myriarch/myriarch/lease"
 	"github.com/myriarch/myriarch/lease/sqlitestore"
 )
@@ -39,15 +40,25 @@ func TestMain(m *testing.M) {
 }
 
 // bridgeChild runs startBridge for spec "a dst clientID exclusive routes
-// [nostamps]" (nostamps: an exclusive session without the fencing stamps,
-// to measure what they cost at the brokers and the subscriber), says
+// [nostamps] [spool=FSYNC]" (nostamps: an exclusive session without the
+// fencing stamps, to measure what they cost at the brokers and the
+// subscriber; spool=: a durable file spool on the route), says
 // "ready" on stdout once the session is at full service, and stops when
 // stdin closes.
 func bridgeChild(spec string) int {
 	f := strings.Fields(spec)
-	stamps := true
-	if len(f) == 6 && f[5] == "nostamps" {
-		f, stamps = f[:5], false
+	stamps, spoolFsync := true, ""
+	for len(f) > 5 {
+		switch opt := f[len(f)-1]; {
+		case opt == "nostamps":
+			stamps = false
+		case strings.HasPrefix(opt, "spool="):
+			spoolFsync = strings.TrimPrefix(opt, "spool=")
+		default:
+			fmt.Fprintln(os.Stderr, "bad spec", spec)
+			return 2
+		}
+		f = f[:len(f)-1]
 	}
 	if len(f) != 5 {
 		fmt.Fprintln(os.Stderr, "bad spec", spec)
@@ -72,7 +83,7 @@ func bridgeChild(spec string) int {
 		own = o
 	}
 	routes, _ := strconv.Atoi(f[4])
-	stop, err := startBridgeErr(f[0], f[1], f[2], own, fencing{checks: own != nil, stamps: own != nil && stamps}, routes)
+	stop, err := startBridgeSpool(f[0], f[1], f[2], own, fencing{checks: own != nil, stamps: own != nil && stamps}, routes, spoolFsync)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -199,6 +210,11 @@ const (
 	// checks) whose messages carry no fencing stamp: only to measure what
 	// the ~60 bytes of stamp properties per PUBLISH cost.
 	exclusiveNoStamps
+	// ephemeralSpoolInterval and ephemeralSpoolAlways: an ephemeral
+	// session whose route has a durable file spool (fsync interval,
+	// always).
+	ephemeralSpoolInterval
+	ephemeralSpoolAlways
 )
 
 // bridgeProcess starts the bridge as a child process with routes routes
@@ -206,9 +222,14 @@ const (
 func bridgeProcess(b *testing.B, a, dst, clientID string, k kind, routes int, gomaxprocs string) *child {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	spec := fmt.Sprintf("%s %s %s %v %d", a, dst, clientID, k != ephemeral, routes)
-	if k == exclusiveNoStamps {
+	spec := fmt.Sprintf("%s %s %s %v %d", a, dst, clientID, k == exclusive || k == exclusiveNoStamps, routes)
+	switch k {
+	case exclusiveNoStamps:
 		spec += " nostamps"
+	case ephemeralSpoolInterval:
+		spec += " spool=" + spool.FsyncInterval
+	case ephemeralSpoolAlways:
+		spec += " spool=" + spool.FsyncAlways
 	}
 	cmd.Env = append(os.Environ(), childEnv+"="+spec)
 	if gomaxprocs == "" {
