@@ -185,9 +185,10 @@ func (e *env) injectExtra(i int, sc string, owner, standby *slot) (time.Duration
 
 // starve stops and continues the process of slot s (whichever process
 // the slot runs: a restart is starved too) in a cycle of a second, letting
-// it run duty of each, for period; it leaves the process running.
+// it run duty of each, for period; it leaves the process running at the
+// latest a cycle after period (starveTail).
 func (e *env) starve(s *slot, duty, period time.Duration) {
-	const cycle = time.Second
+	const cycle = starveTail
 	end := time.Now().Add(period)
 	var step func()
 	step = func() {
@@ -205,12 +206,19 @@ func (e *env) starve(s *slot, duty, period time.Duration) {
 			return
 		}
 		e.extra.after(duty, func() {
+			if time.Now().After(end) {
+				return // running, for good
+			}
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
 			e.extra.after(cycle-duty, step)
 		})
 	}
 	step()
 }
+
+// starveTail is how long after its period a starved process may still be
+// stopped: one cycle.
+const starveTail = time.Second
 
 // slowBroker delays what the broker sends to every instance by lag (0:
 // none), on the open proxies and on those a restart opens (env.start).

@@ -889,6 +889,11 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 	res.fault = time.Now()
 	res.FaultAtSeq = e.publishedNow()
 	faulted := owner.p
+	// faultEnds: a fault that lasts (a slow broker path, a starved
+	// standby) ends before the next round begins, or it would act on the
+	// next round's instances (a starved slot's SIGCONT undid the next
+	// round's SIGSTOP of the same instance).
+	var faultEnds time.Time
 	switch sc {
 	case OwnerSIGKILL:
 		_ = owner.p.cmd.Process.Signal(syscall.SIGKILL)
@@ -916,6 +921,7 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 			return nil, err
 		}
 		res.BudgetS += extra.Seconds()
+		faultEnds = res.fault.Add(extra)
 	}
 	fmt.Fprintf(e.opts.Progress, "round %d %s: fault on %s (lease version %d)\n", i, sc, owner.name, res.OldVersion)
 
@@ -1023,6 +1029,14 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 		case <-faulted.exited:
 			res.OwnerExitCode = &faulted.code
 		default:
+		}
+	}
+
+	if wait := time.Until(faultEnds); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait + starveTail + 100*time.Millisecond):
 		}
 	}
 
