@@ -836,6 +836,23 @@ func (f *fleet) opRollout(ctx context.Context, pg *pgtest.Cluster, r *scaleResul
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	if r.RolloutRevOnce < f.n {
+		// What the rollout recorded for its agents, next to what they
+		// received: which side is wrong.
+		rows, err := f.pool.Query(ctx, `SELECT state, coalesce(detail, ''), sent_at IS NOT NULL, count(*) FROM rollout_agents
+			WHERE rollout_id = $1 GROUP BY 1, 2, 3 ORDER BY 4 DESC`, id)
+		if err == nil {
+			for rows.Next() {
+				var state, detail string
+				var sent bool
+				var n int
+				if rows.Scan(&state, &detail, &sent, &n) == nil {
+					progress(f.stderr, "%d agents: rollout %d: %d agents %s (sent %v) %s", f.n, id, n, state, sent, detail)
+				}
+			}
+			rows.Close()
+		}
+	}
 	return nil
 }
 
