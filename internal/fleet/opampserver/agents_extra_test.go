@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/faultnet"
+	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/pgtest"
 	"github.com/myriarch/myriarch/internal/testnet"
