@@ -825,8 +825,9 @@ func (f *fleet) opRollout(ctx context.Context, pg *pgtest.Cluster, r *scaleResul
 	r.RolloutPGCPUPct = round(cpuPct(s0.pg, s1.pg), 1)
 	// The plain-HTTP agents take the revision at their next poll.
 	deadline := time.Now().Add(f.o.poll*3 + 30*time.Second)
+	var st agentStatus
 	for {
-		st, err := f.agentsStatus()
+		st, err = f.agentsStatus()
 		if err != nil {
 			return err
 		}
@@ -839,19 +840,8 @@ func (f *fleet) opRollout(ctx context.Context, pg *pgtest.Cluster, r *scaleResul
 	if r.RolloutRevOnce < f.n {
 		// What the rollout recorded for its agents, next to what they
 		// received: which side is wrong.
-		rows, err := f.pool.Query(ctx, `SELECT state, coalesce(detail, ''), sent_at IS NOT NULL, count(*) FROM rollout_agents
-			WHERE rollout_id = $1 GROUP BY 1, 2, 3 ORDER BY 4 DESC`, id)
-		if err == nil {
-			for rows.Next() {
-				var state, detail string
-				var sent bool
-				var n int
-				if rows.Scan(&state, &detail, &sent, &n) == nil {
-					progress(f.stderr, "%d agents: rollout %d: %d agents %s (sent %v) %s", f.n, id, n, state, sent, detail)
-				}
-			}
-			rows.Close()
-		}
+		progress(f.stderr, "%d agents: rollout %d: %d agents got revision 1 once, %d more than once; the rollout recorded %+v",
+			f.n, id, r.RolloutRevOnce, st.Revs["1"][1], d.Counts)
 	}
 	return nil
 }
