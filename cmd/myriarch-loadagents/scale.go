@@ -825,8 +825,9 @@ func (f *fleet) opRollout(ctx context.Context, pg *pgtest.Cluster, r *scaleResul
 	r.RolloutPGCPUPct = round(cpuPct(s0.pg, s1.pg), 1)
 	// The plain-HTTP agents take the revision at their next poll.
 	deadline := time.Now().Add(f.o.poll*3 + 30*time.Second)
+	var st agentStatus
 	for {
-		st, err := f.agentsStatus()
+		st, err = f.agentsStatus()
 		if err != nil {
 			return err
 		}
@@ -835,6 +836,12 @@ func (f *fleet) opRollout(ctx context.Context, pg *pgtest.Cluster, r *scaleResul
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+	if r.RolloutRevOnce < f.n {
+		// What the rollout recorded for its agents, next to what they
+		// received: which side is wrong.
+		progress(f.stderr, "%d agents: rollout %d: %d agents got revision 1 once, %d more than once; the rollout recorded %+v",
+			f.n, id, r.RolloutRevOnce, st.Revs["1"][1], d.Counts)
 	}
 	return nil
 }

@@ -28,14 +28,13 @@ func TestMain(m *testing.M) {
 // lost or counted twice after the kill, each agent got the revision sent
 // while the leader died exactly once.
 //
-// Not part of make test yet: on the merged code of this round it fails its
-// rollout check (in one run on a quiet host, 171 of 200 agents reported
-// the first rollout's revision in time; a wave of 100 took 107 s with
-// 2 s polls) and takes about 6 minutes. Until that is understood (issue 26
-// stays open) it runs only with MYRIARCH_SCALE_E2E=1.
+// Its rollout check ("every agent got the revision once") failed until a
+// plain-HTTP agent behind the balancer stopped getting a config again
+// from the replica that had not seen its report (opampserver forPoll):
+// 8 to 29 of the 40 plain-HTTP agents got the revision twice.
 func TestScaleCommand(t *testing.T) {
-	if os.Getenv("MYRIARCH_SCALE_E2E") != "1" {
-		t.Skip("opt-in (MYRIARCH_SCALE_E2E=1): the end-to-end scale run's first rollout does not reach every agent yet")
+	if testing.Short() {
+		t.Skip("an end-to-end scale run (about a minute)")
 	}
 	if _, err := haproxyBinary(); err != nil {
 		if os.Getenv("CI") == "true" {

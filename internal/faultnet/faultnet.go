@@ -12,6 +12,10 @@
 //     a frozen peer (SIGSTOP) or a wedged path.
 //   - SwallowReplies: what the server sends is thrown away, what the
 //     client sends still arrives: a reply (a PUBACK) that never comes.
+//   - DelayReplies: what the server sends reaches the client late (each
+//     chunk held for the delay, so a stream of them queues up): a slow or
+//     congested path, a starved peer; the handshake and every reply
+//     outlast their timeouts when the delay is long enough.
 //   - Cut: the open connections are closed, a dropped link both ends see.
 //   - Refuse: new connections are closed at once, a firewall's reject.
 //   - SetTargets(): no target closes new connections as well; a new target
@@ -50,6 +54,7 @@ type Proxy struct {
 	o                             Options
 	hole, replies, refuse, frozen atomic.Bool
 	accepted                      atomic.Int64
+	replyDelay                    atomic.Int64 // nanoseconds
 	next                          atomic.Uint64
 	closed                        chan struct{}
 
@@ -106,6 +111,10 @@ func (p *Proxy) Blackhole(on bool) { p.hole.Store(on) }
 // SwallowReplies starts (true) or ends (false) throwing away what the
 // server sends.
 func (p *Proxy) SwallowReplies(on bool) { p.replies.Store(on) }
+
+// DelayReplies holds every chunk the server sends for d before it is
+// forwarded (0 ends it; chunks already held keep their delay).
+func (p *Proxy) DelayReplies(d time.Duration) { p.replyDelay.Store(int64(d)) }
 
 // Freeze stops forwarding on every current and future connection for good:
 // nothing is read or closed until Close.
@@ -258,6 +267,15 @@ func (p *Proxy) pipe(dst, src net.Conn, reply bool) {
 		if p.frozen.Load() {
 			<-p.closed
 			return
+		}
+		if n > 0 && reply {
+			if d := time.Duration(p.replyDelay.Load()); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-p.closed:
+					return
+				}
+			}
 		}
 		if n > 0 && !p.hole.Load() && !(reply && p.replies.Load()) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {

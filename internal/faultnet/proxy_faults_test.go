@@ -1,7 +1,9 @@
 package faultnet
 
 import (
+	"errors"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -130,5 +132,33 @@ func TestProxySwallowRepliesAndCut(t *testing.T) {
 	c = c2
 	if got, err := echo('c', 5*time.Second); err != nil || got != 'c' {
 		t.Fatalf("after Cut: %q %v", got, err)
+	}
+}
+
+// DelayReplies: an answer arrives, but not before the delay; a read that
+// gives up sooner times out, and ending the delay restores the path.
+func TestProxyDelayReplies(t *testing.T) {
+	p := start(t, Options{}, echo(t))
+	c, r := dialLine(t, p.Addr())
+	p.DelayReplies(300 * time.Millisecond)
+	if _, err := roundTrip(c, r, "late", 100*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("delayed: read %v, want a timeout before the delay passed", err)
+	}
+	// The held answer still comes, after the delay.
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := r.ReadString('\n'); err != nil || got != "late\n" {
+		t.Fatalf("delayed answer: %q %v", got, err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	start := time.Now()
+	if got, err := roundTrip(c, r, "slow", 5*time.Second); err != nil || got != "slow" {
+		t.Fatalf("delayed round trip: %q %v", got, err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("round trip took %v under a 300ms reply delay", took)
+	}
+	p.DelayReplies(0)
+	if got, err := roundTrip(c, r, "prompt", 5*time.Second); err != nil || got != "prompt" {
+		t.Fatalf("after the delay: %q %v", got, err)
 	}
 }

@@ -110,6 +110,9 @@ func StartWith(addr string, logger *slog.Logger, opts Options) (*Broker, error) 
 	if err := s.AddHook(&connectionLog{log: logger.With("component", "embroker")}, nil); err != nil {
 		return nil, err
 	}
+	if err := s.AddHook(newDropLog(logger.With("component", "embroker")), nil); err != nil {
+		return nil, err
+	}
 	if err := s.AddListener(newListener("tcp", ln)); err != nil {
 		return nil, err
 	}

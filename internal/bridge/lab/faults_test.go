@@ -57,3 +57,32 @@ func TestExtraFaultTimersStop(t *testing.T) {
 		t.Errorf("timers ran after stop: fired %d then %d, late %d", n, fired.Load(), late.Load())
 	}
 }
+
+// A chain of timers (the starvation fault re-arms itself every cycle)
+// ends at stop: a timer that fires while stop runs schedules nothing.
+func TestExtraFaultChainEndsAtStop(t *testing.T) {
+	var x extraFaults
+	var ticks atomic.Int32
+	var step func()
+	step = func() {
+		ticks.Add(1)
+		x.after(time.Millisecond, step)
+	}
+	x.after(0, step)
+	time.Sleep(20 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { x.stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("stop did not return: the chain kept re-arming")
+	}
+	n := ticks.Load()
+	time.Sleep(30 * time.Millisecond)
+	if ticks.Load() != n {
+		t.Errorf("the chain ran on after stop: %d ticks, then %d", n, ticks.Load())
+	}
+	if n == 0 {
+		t.Error("the chain never ran")
+	}
+}

@@ -159,8 +159,8 @@ type Result struct {
 	Unstamped int `json:"unstamped"`
 	// OldOwnerLastDeliveryS: fault → the last delivery stamped with the
 	// faulted owner's version; at most lease_ttl (its local deadline)
-	// plus a transit allowance. Absent when it delivered nothing after
-	// the fault.
+	// plus a transit allowance once a newer version was granted. Absent
+	// when it delivered nothing after the fault.
 	OldOwnerLastDeliveryS *float64 `json:"old_owner_last_delivery_s,omitempty"`
 	// HandoverGapS (owner_planned_stop): the old owner's last delivery →
 	// the successor's first delivery, as the sink received them (by
@@ -415,6 +415,12 @@ type env struct {
 	starts int
 	extra  extraFaults
 
+	// faultMu guards brokerLag and the slots' processes and broker
+	// proxies, which start replaces, against the timers of the
+	// slow-path and starvation faults.
+	faultMu   sync.Mutex
+	brokerLag time.Duration
+
 	pubMu     sync.Mutex
 	published int
 }
@@ -658,9 +664,15 @@ func (s *sink) settle(ctx context.Context, published int) {
 
 // start (re)starts a slot's process behind fresh proxies.
 func (e *env) start(s *slot) error {
+	e.faultMu.Lock()
 	s.close()
-	var err error
-	if s.brokerPx, err = faultnet.Listen(faultnet.Options{}, e.broker); err != nil {
+	px, err := faultnet.Listen(faultnet.Options{}, e.broker)
+	if err == nil {
+		px.DelayReplies(e.brokerLag)
+		s.brokerPx = px
+	}
+	e.faultMu.Unlock()
+	if err != nil {
 		return err
 	}
 	storeAddr := ""
@@ -684,7 +696,9 @@ func (e *env) start(s *slot) error {
 	if err != nil {
 		return err
 	}
+	e.faultMu.Lock()
 	s.p = p
+	e.faultMu.Unlock()
 	return nil
 }
 
@@ -875,6 +889,11 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 	res.fault = time.Now()
 	res.FaultAtSeq = e.publishedNow()
 	faulted := owner.p
+	// faultEnds: a fault that lasts (a slow broker path, a starved
+	// standby) ends before the next round begins, or it would act on the
+	// next round's instances (a starved slot's SIGCONT undid the next
+	// round's SIGSTOP of the same instance).
+	var faultEnds time.Time
 	switch sc {
 	case OwnerSIGKILL:
 		_ = owner.p.cmd.Process.Signal(syscall.SIGKILL)
@@ -897,9 +916,12 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 		// A rolling upgrade: the orchestrator asks the owner to stop.
 		_ = owner.p.cmd.Process.Signal(syscall.SIGTERM)
 	default:
-		if err := e.injectExtra(i, sc, owner, standby); err != nil {
+		extra, err := e.injectExtra(i, sc, owner, standby)
+		if err != nil {
 			return nil, err
 		}
+		res.BudgetS += extra.Seconds()
+		faultEnds = res.fault.Add(extra)
 	}
 	fmt.Fprintf(e.opts.Progress, "round %d %s: fault on %s (lease version %d)\n", i, sc, owner.name, res.OldVersion)
 
@@ -1007,6 +1029,14 @@ func (e *env) round(ctx context.Context, i int, sc string, delay time.Duration) 
 		case <-faulted.exited:
 			res.OwnerExitCode = &faulted.code
 		default:
+		}
+	}
+
+	if wait := time.Until(faultEnds); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait + starveTail + 100*time.Millisecond):
 		}
 	}
 
@@ -1121,7 +1151,10 @@ func (e *env) judge(rep *Report) {
 		if r.Scenario == OwnerPlannedStop {
 			e.judgeHandover(r, ds)
 		}
-		if r.OldOwnerLastDeliveryS != nil && *r.OldOwnerLastDeliveryS > (r.ttl+transitAllowance).Seconds() {
+		// The deadline binds an owner that was replaced: one whose lease
+		// nobody else was granted (a sqlite owner frozen with the write
+		// lock) renews it when it resumes, and its deadline moves on.
+		if r.OldOwnerLastDeliveryS != nil && r.NewVersion > r.OldVersion && *r.OldOwnerLastDeliveryS > (r.ttl+transitAllowance).Seconds() {
 			r.Problems = append(r.Problems, fmt.Sprintf("the faulted owner delivered %.3fs after the fault, past its local deadline (lease_ttl %v + %v transit)", *r.OldOwnerLastDeliveryS, r.ttl, transitAllowance))
 		}
 		if !r.WithinBudget {

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +133,32 @@ func TestListenAddrFromLog(t *testing.T) {
 	} {
 		if got := listenAddrFromLog(tc.log); got != tc.want {
 			t.Errorf("%s: %q, want %q", name, got, tc.want)
+		}
+	}
+}
+
+// The faulted owner's local deadline binds it once another instance was
+// granted a newer version; an owner nobody replaced (a frozen sqlite
+// writer holding the lock) renews when it resumes and may deliver on.
+func TestDeadlineBindsAReplacedOwnerOnly(t *testing.T) {
+	for _, tc := range []struct {
+		newVersion int64
+		flagged    bool
+	}{{newVersion: 2, flagged: true}, {newVersion: 1, flagged: false}} {
+		t0 := time.Now()
+		e := &env{sink: newSink("n"), hist: &history{}, published: 2}
+		for q := range 2 {
+			e.sink.all = append(e.sink.all, delivery{At: t0.Add(20 * time.Second), Seq: q, Version: 1})
+			e.sink.seen[q]++
+		}
+		e.hist.changes = []change{{At: t0, Owner: "a#1", Version: 1}}
+		rep := &Report{Scenarios: []Result{{Round: 0, Scenario: OwnerSIGSTOP, start: t0, fault: t0.Add(time.Second), OldVersion: 1,
+			NewVersion: tc.newVersion, DuplicateBound: 2, ttl: 6 * time.Second, WithinBudget: true}}}
+		e.judge(rep)
+		r := rep.Scenarios[0]
+		got := strings.Contains(strings.Join(r.Problems, "; "), "past its local deadline")
+		if got != tc.flagged {
+			t.Errorf("new version %d: flagged %v, want %v (problems %q)", tc.newVersion, got, tc.flagged, r.Problems)
 		}
 	}
 }

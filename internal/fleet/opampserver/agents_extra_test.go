@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -12,8 +13,10 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/open-telemetry/opamp-go/protobufs"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/myriarch/myriarch/internal/faultnet"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/pgtest"
@@ -356,6 +359,67 @@ func TestHTTPConnectedEventAndClearedConfig(t *testing.T) {
 		agentIs(t, st, uid, func(a store.Agent) bool { return a.RemoteConfigStatus == "applied" && a.RemoteConfigHash == cleared })
 		if c := a.Configs(); len(c) != 2 || c[1] != "" {
 			t.Fatalf("agent %s configs %q, want the cleared (empty) one last", uid, c)
+		}
+	}
+}
+
+// A plain-HTTP agent behind a balancer polls both replicas: the one that
+// delivered a config often does not see the report that the agent
+// applied it (that poll went to the other one). It must still not send
+// the config again: the agent gets each config once. The balancer here
+// sends each new connection to the next replica, and the test cuts the
+// agent's connection after every poll or so.
+func TestPlainHTTPAgentBehindABalancerGetsAConfigOnce(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	ra, rb := newRig(t, st, "replica-a", "na"), newRig(t, st, "replica-b", "nb")
+	defer ra.stop(t)
+	defer rb.stop(t)
+	px, err := faultnet.Listen(faultnet.Options{}, ra.srv.Addr().String(), rb.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	stop := make(chan struct{})
+	cutter := make(chan struct{})
+	go func() {
+		defer close(cutter)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(60 * time.Millisecond):
+				px.Cut()
+			}
+		}
+	}()
+	defer func() { close(stop); <-cutter }()
+	a := startAgent(t, fleettest.AgentOptions{URL: "http://" + px.Addr() + "/v1/opamp", HTTP: true, Heartbeat: 50 * time.Millisecond})
+	uid := a.UIDString()
+	agentIs(t, st, uid, func(ag store.Agent) bool { return ag.Status == "online" })
+	for rev := 1; rev <= 3; rev++ {
+		body := fmt.Sprintf("receivers: {otlp: {}}\n# rev %d\n", rev)
+		hash, err := st.SetDesiredConfig(ctx, uid, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ra.srv.Push(ctx, uid)
+		rb.srv.Push(ctx, uid)
+		agentIs(t, st, uid, func(ag store.Agent) bool { return ag.RemoteConfigHash == hash && ag.RemoteConfigStatus == "applied" })
+		// Polls to both replicas after the report: none may bring it again.
+		polls := func() float64 { return testutil.ToFloat64(ra.srv.mMessages) + testutil.ToFloat64(rb.srv.mMessages) }
+		p0 := polls()
+		if !fleettest.Eventually(30*time.Second, func() bool { return polls() >= p0+20 }) {
+			t.Fatalf("rev %d: the agent stopped polling", rev)
+		}
+		got := 0
+		for _, c := range a.Configs() {
+			if c == body {
+				got++
+			}
+		}
+		if got != 1 {
+			t.Fatalf("rev %d: the agent received it %d times, want once", rev, got)
 		}
 	}
 }

@@ -359,3 +359,51 @@ func TestPlainHTTPAgentGetsAndUsesItsCredential(t *testing.T) {
 		t.Fatalf("%v polls refused", got)
 	}
 }
+
+// A revoked plain-HTTP agent is offline at once (it has no connection
+// whose close would say so), and the last-seen flush of its polls from
+// before the revocation does not mark it online again; its later polls
+// are refused. It used to stay "online" until the offline sweep.
+func TestRevokedPlainHTTPAgentIsOfflineAtOnce(t *testing.T) {
+	st := openStore(t)
+	r := newRig(t, st, "r1", "n1")
+	defer r.stop(t)
+	a := startAgent(t, fleettest.AgentOptions{URL: r.url, HTTP: true, Heartbeat: 100 * time.Millisecond, Credential: true})
+	ctx := context.Background()
+	if !fleettest.Eventually(30*time.Second, func() bool { return a.Credential() != "" }) {
+		t.Fatal("no credential offered over plain HTTP")
+	}
+	agentIs(t, st, a.UIDString(), func(ag store.Agent) bool { return ag.Status == "online" })
+	if seen, _ := r.b.Pending(); seen == 0 {
+		t.Fatal("no poll waiting for the last-seen flush: the test would not show that one cannot undo the revocation")
+	}
+	if _, err := st.RevokeAgent(ctx, a.UIDString(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	ag, err := st.GetAgent(ctx, a.UIDString())
+	if err != nil || ag.Status != "offline" {
+		t.Fatalf("right after the revocation: status %q (%v), want offline", ag.Status, err)
+	}
+	r.srv.Push(ctx, store.RevokeNotifyPrefix+a.UIDString())
+	refused := testutil.ToFloat64(r.srv.mRejected)
+	if !fleettest.Eventually(30*time.Second, func() bool { return testutil.ToFloat64(r.srv.mRejected) > refused+2 }) {
+		t.Fatal("the revoked agent's polls are not refused")
+	}
+	if err := r.b.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ag, err := st.GetAgent(ctx, a.UIDString()); err != nil || ag.Status != "offline" {
+		t.Fatalf("after the last-seen flush: status %q (%v), want offline", ag.Status, err)
+	}
+	evs, err := st.Events(ctx, a.UIDString(), 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		found = found || (e.Kind == store.EventMarkedOffline && e.Detail == "credential revoked")
+	}
+	if !found {
+		t.Errorf("no marked_offline event for the revocation: %+v", evs)
+	}
+}

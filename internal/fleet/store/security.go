@@ -255,8 +255,9 @@ func (s *Store) AgentCredentialOf(ctx context.Context, uid string) (AgentCredent
 }
 
 // RevokeAgent revokes agent uid: its credential stops working, it cannot
-// enroll again, and the replica it is connected to disconnects it at once
-// (notification). by is recorded. An unknown agent is ErrNotFound.
+// enroll again, it is marked offline (with an event), and the replica it
+// is connected to disconnects it at once (notification). by is recorded.
+// An unknown agent is ErrNotFound.
 func (s *Store) RevokeAgent(ctx context.Context, uid, by string) (AgentCredential, error) {
 	tx, err := s.Pool.Begin(ctx)
 	if err != nil {
@@ -281,6 +282,19 @@ func (s *Store) RevokeAgent(ctx context.Context, uid, by string) (AgentCredentia
 	}
 	c, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[AgentCredential])
 	if err != nil {
+		return AgentCredential{}, err
+	}
+	// A revoked agent is offline from now on: a WebSocket agent's
+	// connection is closed on the replica that holds it, but a plain-HTTP
+	// agent has no connection to close, and it would have stayed
+	// "online" until the offline sweep. last_seen moves to now so that a
+	// last-seen flush of a poll from before the revocation (FlushSeen
+	// updates only rows seen earlier) cannot mark it online again.
+	if _, err := tx.Exec(ctx, `WITH off AS (
+			UPDATE agents SET status = 'offline', last_seen = greatest(last_seen, now())
+			WHERE instance_uid = $1 AND status = 'online' RETURNING instance_uid, replica_id)
+		INSERT INTO agent_events (instance_uid, at, kind, replica_id, detail)
+		SELECT instance_uid, now(), 'marked_offline', replica_id, 'credential revoked' FROM off`, uid); err != nil {
 		return AgentCredential{}, err
 	}
 	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, RevokeNotifyPrefix+uid); err != nil {

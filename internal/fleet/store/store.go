@@ -476,13 +476,16 @@ func (s *Store) SetDesiredConfigBy(ctx context.Context, uid, body, by string) (s
 // Desired is an agent's desired remote config.
 type Desired struct {
 	Body, Hash string
+	// Reported is the hash of the remote config the agent last reported
+	// (applying, applied or failed), whichever replica it reported to.
+	Reported string
 }
 
 // DesiredConfigs returns the desired configs of the given agents that have one.
 func (s *Store) DesiredConfigs(ctx context.Context, uids []string) (map[string]Desired, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT instance_uid, desired_config, desired_config_hash FROM agents
+	rows, err := s.Pool.Query(ctx, `SELECT instance_uid, desired_config, desired_config_hash, remote_config_hash FROM agents
 		WHERE instance_uid = ANY($1) AND desired_config_hash <> ''`, uids)
-	return byUID(rows, err, func(d *Desired) []any { return []any{&d.Body, &d.Hash} })
+	return byUID(rows, err, func(d *Desired) []any { return []any{&d.Body, &d.Hash, &d.Reported} })
 }
 
 // byUID reads rows of (instance_uid, the fields of a T) into a map by uid
