@@ -139,6 +139,7 @@ func (b *Batcher) Add(uid string, samples map[Key]float64) int {
 		for k, v := range kept {
 			row[k] = v
 		}
+		row[SampledAtKey] = float64(now.UnixMilli()) / 1000
 	}
 	b.mSamples.Add(float64(len(kept)))
 	return len(kept)
