@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"html/template"
@@ -62,6 +63,9 @@ func (h *handler) agentTelemetry(ctx context.Context, uid string) *agentCharts {
 	return &c
 }
 
+// NotReported is the versions bar of the agents that report no package.
+const NotReported = "not reported"
+
 // fleetPictures are the overview's charts: the fleet's throughput and
 // drops, and the agents online, offline and unhealthy, over the last
 // hour; the versions and configurations in use now.
@@ -97,7 +101,14 @@ func (h *handler) fleetPictures(ctx context.Context) *fleetPictures {
 	if vs, err := h.a.Store().PackageVersions(ctx); err == nil {
 		var bars []Bar
 		for _, v := range vs {
-			bars = append(bars, Bar{Label: fmt.Sprintf("%s %s", v.Package, v.Version), Value: float64(v.Agents)})
+			bars = append(bars, Bar{Label: fmt.Sprintf("%s %s", v.Package, cmp.Or(v.Version, "(version not reported)")), Value: float64(v.Agents)})
+		}
+		// Agents that report no package at all are counted too: a fleet
+		// of them is not an empty picture.
+		if _, none, err := h.a.Store().AgentsWithoutPackages(ctx); err != nil {
+			h.log.Warn("counting agents without package statuses", "error", err)
+		} else if none > 0 {
+			bars = append(bars, Bar{Label: NotReported, Value: float64(none)})
 		}
 		out.Versions = Bars("fleet-versions", "Agents per package version", bars)
 	} else {
