@@ -134,8 +134,8 @@ type telemetryResult struct {
 	RowsWrittenPerS  float64 `json:"rows_written_per_s"`
 	TableInsertsPerS float64 `json:"table_inserts_per_s"`
 	TableUpdatesPerS float64 `json:"table_updates_per_s"`
-	// TableBytes* are pg_total_relation_size('agent_telemetry') (heap,
-	// TOAST, both indexes) at the start and end of the on window.
+	// TableBytes* are the size of the telemetry table (heap, TOAST,
+	// both indexes: telemetry.ReadTableCounters) at the start and end of the on window.
 	TableBytesStart int64 `json:"table_bytes_start"`
 	TableBytesEnd   int64 `json:"table_bytes_end"`
 	// TableGrowthBytesPerAgentPerDay is the measured growth extrapolated
@@ -348,8 +348,9 @@ func telemetryBench(ctx context.Context, o telemetryOptions, stderr io.Writer) (
 		c := pgCounters{at: time.Now()}
 		_ = pool.QueryRow(ctx, `SELECT (tup_inserted + tup_updated + tup_deleted)::float8, xact_commit::float8,
 			(pg_current_wal_lsn() - '0/0'::pg_lsn)::float8 FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.writes, &c.commits, &c.wal)
-		_ = pool.QueryRow(ctx, `SELECT coalesce(n_tup_ins, 0)::float8, coalesce(n_tup_upd, 0)::float8, pg_total_relation_size('agent_telemetry')
-			FROM pg_stat_user_tables WHERE relname = 'agent_telemetry'`).Scan(&c.tabIns, &c.tabUpd, &c.tableBytes)
+		if tc, err := telemetry.ReadTableCounters(ctx, pool); err == nil {
+			c.tabIns, c.tabUpd, c.tableBytes = tc.Inserts, tc.Updates, tc.Bytes
+		}
 		c.rep, _ = readProc(rep.pid())
 		if pgDir != "" {
 			c.proc, _ = readPostgres(pgDir)
@@ -473,27 +474,19 @@ func telemetryBench(ctx context.Context, o telemetryOptions, stderr io.Writer) (
 
 	// Storage: rows and bytes per tier.
 	r.LiveRows, r.RowBytes = map[string]int64{}, map[string]float64{}
-	rows, err := pool.Query(ctx, `SELECT tier, count(*), avg(pg_column_size(t.*))::float8 FROM agent_telemetry t GROUP BY tier ORDER BY tier`)
-	if err == nil {
-		for rows.Next() {
-			var tier int
-			var n int64
-			var b float64
-			if rows.Scan(&tier, &n, &b) == nil {
-				name := [2]string{"fine", "coarse"}[min(tier, 1)]
-				r.LiveRows[name], r.RowBytes[name] = n, round(b, 1)
-			}
+	if tiers, err := telemetry.ReadTierRows(ctx, pool); err == nil {
+		for _, t := range tiers {
+			name := [2]string{"fine", "coarse"}[min(t.Tier, 1)]
+			r.LiveRows[name], r.RowBytes[name] = t.Rows, round(t.RowBytes, 1)
 		}
-		rows.Close()
 	}
 	var total int64
 	for _, n := range r.LiveRows {
 		total += n
 	}
 	if total > 0 {
-		var size int64
-		_ = pool.QueryRow(ctx, `SELECT pg_total_relation_size('agent_telemetry')`).Scan(&size)
-		r.DiskBytesPerRow = round(float64(size)/float64(total), 1)
+		tc, _ := telemetry.ReadTableCounters(ctx, pool)
+		r.DiskBytesPerRow = round(float64(tc.Bytes)/float64(total), 1)
 		tiers := tiersOf(o.extra)
 		r.CoarseBytesPerAgentPerDay = round(r.DiskBytesPerRow*86400/tiers.CoarseResolution.Seconds(), 0)
 		r.CoarseBytesPerAgentRetained = round(r.DiskBytesPerRow*tiers.CoarseRetention.Seconds()/tiers.CoarseResolution.Seconds(), 0)
