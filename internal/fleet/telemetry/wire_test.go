@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -175,4 +176,20 @@ func BenchmarkDecode(b *testing.B) {
 			_ = Samples(req.Metrics())
 		}
 	})
+}
+
+// The rows' JSON, written by hand, reads back as what was written.
+func TestAppendSeries(t *testing.T) {
+	in := map[string]float64{"accepted.spans|receiver/otlp": 1.5e9, `received|route/a"b\c`: 0.1, "in_flight|route/ü": -3,
+		SampledAtKey: 1765158000.123, "x|y": 1e-7, "z|w": 1e21}
+	var out map[string]float64
+	if err := json.Unmarshal(appendSeries(nil, in), &out); err != nil || !reflect.DeepEqual(in, out) {
+		t.Fatalf("%s: %v %v", appendSeries(nil, in), out, err)
+	}
+	if b := string(appendSeries(nil, map[string]float64{"a\x00": math.NaN()})); b != `{"a\ufffd":0}` {
+		t.Fatalf("%s", b)
+	}
+	if b := string(appendSeries(nil, nil)); b != "{}" {
+		t.Fatalf("%s", b)
+	}
 }
