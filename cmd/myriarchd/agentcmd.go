@@ -68,7 +68,7 @@ func init() {
 		apiCmd{group: "agent", name: "assignment", args: uid, summary: "the configuration assigned to the agent (GET /api/v1/agents/{uid}/assignment)",
 			run: onAgent((*apiclient.Client).Assignment, nil)},
 	)
-	registerGroup("agent", "agents through the REST API: agent list | show | set-config | clear-config | restart | credential | rotate-credential | allow-reenroll | revoke | assignment", "", nil)
+	registerGroup("agent", "agents through the REST API: agent list | show | set-config | clear-config | restart | credential | rotate-credential | allow-reenroll | revoke | assignment | telemetry", "", nil)
 }
 
 // readFile reads the file of --file (- is standard input); a missing

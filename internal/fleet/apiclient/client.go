@@ -30,6 +30,7 @@ import (
 	"github.com/myriarch/myriarch/internal/fleet/rollout"
 	"github.com/myriarch/myriarch/internal/fleet/store"
 	"github.com/myriarch/myriarch/internal/fleet/upgrades"
+	"github.com/myriarch/myriarch/internal/godur"
 )
 
 // Client calls one replica's API.
@@ -253,6 +254,25 @@ func (c *Client) RevokeAgent(ctx context.Context, uid string) (store.AgentCreden
 // Assignment is GET /api/v1/agents/{uid}/assignment.
 func (c *Client) Assignment(ctx context.Context, uid string) (store.Assignment, error) {
 	return call[store.Assignment](ctx, c, "GET", "/api/v1/agents/"+p(uid)+"/assignment", nil, nil)
+}
+
+// AgentTelemetry is GET /api/v1/agents/{uid}/telemetry: the agent's own
+// metrics over window (0: the server's default, 5m).
+func (c *Client) AgentTelemetry(ctx context.Context, uid string, window time.Duration) (api.AgentTelemetry, error) {
+	return call[api.AgentTelemetry](ctx, c, "GET", "/api/v1/agents/"+p(uid)+"/telemetry", windowQuery(window), nil)
+}
+
+// FleetTelemetry is GET /api/v1/telemetry: the fleet's sums over window
+// (0: the server's default, 1h).
+func (c *Client) FleetTelemetry(ctx context.Context, window time.Duration) (api.FleetTelemetry, error) {
+	return call[api.FleetTelemetry](ctx, c, "GET", "/api/v1/telemetry", windowQuery(window), nil)
+}
+
+func windowQuery(window time.Duration) url.Values {
+	if window <= 0 {
+		return nil
+	}
+	return url.Values{"window": {godur.Format(window)}}
 }
 
 // Tokens is GET /api/v1/tokens (status: "", active or revoked).

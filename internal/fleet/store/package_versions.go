@@ -26,3 +26,11 @@ func (s *Store) PackageVersions(ctx context.Context) ([]PackageVersionCount, err
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[PackageVersionCount])
 }
+
+// AgentsWithoutPackages counts the agents that report no package status
+// (and those of them online): the "not reported" of the versions in use.
+func (s *Store) AgentsWithoutPackages(ctx context.Context) (online, total int64, err error) {
+	err = s.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'online'), count(*) FROM agents
+		WHERE coalesce(package_statuses->'packages', '{}') = '{}'`).Scan(&online, &total)
+	return online, total, err
+}

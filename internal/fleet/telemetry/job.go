@@ -66,34 +66,17 @@ func (r *Reader) runJob(ctx context.Context, fence jobs.Fence, counts AgentCount
 // (from the bucket before) per class; reporting is how many agents sent
 // in cur.
 func (r *Reader) fleetSums(ctx context.Context, cur, res int64) (map[string]float64, int, error) {
+	// Grouped here, not sorted by PostgreSQL: at 10,000 agents the ORDER
+	// BY sorted 20,000 rows of about 1.5 KB on disk (past work_mem), 3 to
+	// 8 s of the job's run.
 	rows, err := r.Pool.Query(ctx, `SELECT instance_uid, bucket, series FROM agent_telemetry
-		WHERE tier = 1 AND bucket IN ($1, $2) ORDER BY instance_uid, bucket`, cur-res, cur)
+		WHERE tier = 1 AND bucket IN ($1, $2)`, cur-res, cur)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer rows.Close()
-	sums := map[string]float64{"throughput": 0, "refused": 0, "failed": 0}
-	reporting := 0
-	var uid string
-	var group []bucketRow
-	flush := func() {
-		if len(group) == 0 {
-			return
-		}
-		if group[len(group)-1].bucket == cur {
-			reporting++
-		}
-		for _, s := range Rates(group, res, cur) {
-			c := Catalog[s.Name].Class
-			if c == "" {
-				continue
-			}
-			for _, p := range s.Points {
-				sums[c] += p[1]
-			}
-		}
-		group = group[:0]
-	}
+	type pair struct{ prev, cur *bucketRow }
+	byUID := map[string]*pair{}
 	for rows.Next() {
 		var u string
 		var br bucketRow
@@ -104,14 +87,44 @@ func (r *Reader) fleetSums(ctx context.Context, cur, res int64) (map[string]floa
 		if err := json.Unmarshal(raw, &br.series); err != nil {
 			return nil, 0, err
 		}
-		if u != uid {
-			flush()
-			uid = u
+		p := byUID[u]
+		if p == nil {
+			p = &pair{}
+			byUID[u] = p
 		}
-		group = append(group, br)
+		if br.bucket == cur {
+			p.cur = &br
+		} else {
+			p.prev = &br
+		}
 	}
-	flush()
-	return sums, reporting, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	sums := map[string]float64{"throughput": 0, "refused": 0, "failed": 0}
+	reporting := 0
+	group := make([]bucketRow, 0, 2)
+	for _, p := range byUID {
+		if p.cur == nil {
+			continue // nothing sent in cur: no rate, not reporting
+		}
+		reporting++
+		group = group[:0]
+		if p.prev != nil {
+			group = append(group, *p.prev)
+		}
+		group = append(group, *p.cur)
+		for _, s := range Rates(group, res, cur) {
+			c := Catalog[s.Name].Class
+			if c == "" {
+				continue
+			}
+			for _, pt := range s.Points {
+				sums[c] += pt[1]
+			}
+		}
+	}
+	return sums, reporting, nil
 }
 
 // Aggregates are the fleet sums of the job's last run on this replica, as

@@ -71,10 +71,20 @@ func (r *Reader) Agent(ctx context.Context, uid string, window time.Duration) (W
 
 // Agents returns the series of each of uids over the last window.
 func (r *Reader) Agents(ctx context.Context, uids []string, window time.Duration) (map[string]Window, error) {
+	return r.agents(ctx, uids, window, r.Tiers.For(window))
+}
+
+// AgentsCoarse is Agents read from the coarse tier whatever the window:
+// a picture of many agents (the agents list's sparklines) reads a sixth
+// of the rows at the default resolutions.
+func (r *Reader) AgentsCoarse(ctx context.Context, uids []string, window time.Duration) (map[string]Window, error) {
+	return r.agents(ctx, uids, window, 1)
+}
+
+func (r *Reader) agents(ctx context.Context, uids []string, window time.Duration, tier int) (map[string]Window, error) {
 	if err := r.CheckWindow(window); err != nil {
 		return nil, err
 	}
-	tier := r.Tiers.For(window)
 	res := r.Tiers.res(tier)
 	now := r.now()
 	// One bucket more than the window: the first rate needs the one before.
@@ -108,6 +118,14 @@ func (r *Reader) Agents(ctx context.Context, uids []string, window time.Duration
 	return out, nil
 }
 
+// SampledAtKey holds, in a row's series, when its newest values were
+// received (unix seconds): a rate is the difference of two rows over the
+// time between their samples, which is the buckets' distance only when
+// both samples came at the same point of their buckets (not so in the
+// bucket still filling, or one the agent stopped sending in). Rows
+// written before it existed are read by their buckets' distance.
+const SampledAtKey = "@t"
+
 // Rates turns the rows of one agent (ascending buckets, res seconds apart
 // at most) into series: counters become the rate from the previous row
 // (no point after a gap longer than 3 buckets; a value below the previous
@@ -115,14 +133,16 @@ func (r *Reader) Agents(ctx context.Context, uids []string, window time.Duration
 // since are left out.
 func Rates(rows []bucketRow, res, since int64) []Series {
 	type acc struct {
-		s    Series
-		kind Kind
-		prev float64
-		at   int64
-		has  bool
+		s     Series
+		kind  Kind
+		prev  float64
+		at    int64
+		prevT float64
+		has   bool
 	}
 	byKey := map[string]*acc{}
 	for _, row := range rows {
+		t, timed := row.series[SampledAtKey]
 		for ks, v := range row.series {
 			k, ok := parseKey(ks)
 			if !ok {
@@ -145,9 +165,17 @@ func Rates(rows []bucketRow, res, since int64) []Series {
 				if d < 0 {
 					d = v // the agent restarted: its counter started again from 0
 				}
-				a.s.Points = append(a.s.Points, [2]float64{float64(row.bucket), d / float64(row.bucket-a.at)})
+				dt := float64(row.bucket - a.at)
+				if timed && a.prevT > 0 && t > a.prevT {
+					dt = t - a.prevT
+				}
+				a.s.Points = append(a.s.Points, [2]float64{float64(row.bucket), d / dt})
 			}
 			a.prev, a.at, a.has = v, row.bucket, true
+			a.prevT = 0
+			if timed {
+				a.prevT = t
+			}
 		}
 	}
 	out := make([]Series, 0, len(byKey))

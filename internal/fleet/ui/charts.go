@@ -49,7 +49,7 @@ var svgTmpl = template.Must(template.New("svg").Funcs(template.FuncMap{"f": func
 <text class="axis" x="{{f .X0}}" y="{{f .H}}">{{.FromLabel}}</text>
 <text class="axis" x="{{f .X1}}" y="{{f .H}}" text-anchor="end">{{.ToLabel}}</text>
 {{range .Lines}}<g class="series {{.Class}}" data-name="{{.Name}}" data-points="{{.N}}" data-last="{{g .Last}}" data-max="{{g .LMax}}"><title>{{.Name}}: last {{g .Last}}, max {{g .LMax}}</title>{{if .Path}}<polyline points="{{.Path}}"/>{{end}}</g>
-{{end}}{{range .Marks}}<g class="mark" data-label="{{.Label}}" data-at="{{g .At}}" data-before="{{g .Before}}" data-after="{{g .After}}"><title>{{.Label}} started {{.Clock}}: {{g .Before}}/s before, {{g .After}}/s after</title><line x1="{{f .X}}" x2="{{f .X}}" y1="{{f $.Y0}}" y2="{{f $.Y1}}"/><text class="axis" x="{{f .X}}" y="{{f $.Y0}}" dy="0.8em" dx="2">{{.Label}}</text></g>
+{{end}}{{range .Marks}}<g class="mark" data-label="{{.Label}}" data-at="{{g .At}}" data-before="{{g .Before}}" data-after="{{g .After}}"><title>{{.Label}} started {{.Clock}}: {{g .Before}}/s before, {{g .After}}/s after</title><line x1="{{f .X}}" x2="{{f .X}}" y1="{{f $.Y0}}" y2="{{f $.Y1}}"/><text class="axis" x="{{f .X}}" y="{{f .LY}}" dx="{{f .DX}}" text-anchor="{{.Anchor}}">{{.Label}}</text></g>
 {{end}}{{if not .Lines}}<text class="empty" x="{{f .MX}}" y="{{f .MY}}" text-anchor="middle">no data yet</text>{{end}}
 </svg>
 <ul class="legend">{{range .Lines}}<li class="{{.Class}}">{{.Name}}</li>{{end}}</ul></figure>{{end}}
@@ -57,15 +57,17 @@ var svgTmpl = template.Must(template.New("svg").Funcs(template.FuncMap{"f": func
 {{define "bars"}}<svg class="bars" id="{{.ID}}" viewBox="0 0 {{f .W}} {{f .H}}" width="{{f .W}}" height="{{f .H}}" role="img"><title>{{.Title}}</title>
 {{range .Bars}}<g class="bar" data-label="{{.Label}}" data-value="{{g .Value}}"><title>{{.Label}}: {{g .Value}}</title><text x="0" y="{{f .TY}}">{{.Label}}</text><rect x="{{f .X}}" y="{{f .Y}}" width="{{f .BW}}" height="14"/><text x="{{f .VX}}" y="{{f .TY}}">{{g .Value}}</text></g>
 {{end}}</svg>{{end}}
-{{define "timeline"}}<svg class="timeline" id="{{.ID}}" viewBox="0 0 {{f .W}} {{f .H}}" width="{{f .W}}" height="{{f .H}}" role="img" data-budget="{{g .Budget}}" data-slo="{{g .SLO}}" data-takeovers="{{len .Marks}}">
+{{define "timeline"}}<figure class="chart-box timeline-box"><figcaption>{{.Title}} <span class="unit">(each takeover's failure-to-full against the budget and SLO, s)</span></figcaption>
+<svg class="timeline" id="{{.ID}}" viewBox="0 0 {{f .W}} {{f .H}}" width="{{f .W}}" height="{{f .H}}" role="img" data-budget="{{g .Budget}}" data-slo="{{g .SLO}}" data-takeovers="{{len .Marks}}">
 <title>{{.Title}}</title>
 <rect class="plot" x="{{f .X0}}" y="{{f .Y0}}" width="{{f .PW}}" height="{{f .PH}}"/>
-{{if .Budget}}<line class="budget" x1="{{f .X0}}" x2="{{f .X1}}" y1="{{f .BudgetY}}" y2="{{f .BudgetY}}"><title>owner-death budget {{g .Budget}} s</title></line><text class="axis" x="{{f .LX}}" y="{{f .BudgetY}}" text-anchor="end">budget {{g .Budget}}s</text>{{end}}
-{{if .SLO}}<line class="slo" x1="{{f .X0}}" x2="{{f .X1}}" y1="{{f .SLOY}}" y2="{{f .SLOY}}"><title>failover SLO {{g .SLO}} s</title></line><text class="axis" x="{{f .LX}}" y="{{f .SLOY}}" text-anchor="end">SLO {{g .SLO}}s</text>{{end}}
+{{if .Budget}}<line class="budget" x1="{{f .X0}}" x2="{{f .X1}}" y1="{{f .BudgetY}}" y2="{{f .BudgetY}}"><title>owner-death budget {{g .Budget}} s</title></line><text class="axis" x="{{f .RX}}" y="{{f .BudgetY}}" dy="-2" text-anchor="end">budget {{g .Budget}} s</text>{{end}}
+{{if .SLO}}<line class="slo" x1="{{f .X0}}" x2="{{f .X1}}" y1="{{f .SLOY}}" y2="{{f .SLOY}}"><title>failover SLO {{g .SLO}} s</title></line><text class="axis" x="{{f .RX}}" y="{{f .SLOY}}" dy="-2" text-anchor="end">SLO {{g .SLO}} s</text>{{end}}
+<text class="axis" x="{{f .LX}}" y="{{f .Y0}}" dy="0.8em" text-anchor="end">{{g .Top}}</text><text class="axis" x="{{f .LX}}" y="{{f .Y1}}" text-anchor="end">0</text>
 {{range .Marks}}<rect class="takeover{{if .Over}} over{{end}}" x="{{f .X}}" y="{{f .Y}}" width="6" height="{{f .BH}}" data-at="{{g .At}}" data-failure-to-full="{{g .Value}}" data-budget="{{g $.Budget}}" data-slo="{{g $.SLO}}"><title>takeover at {{.Label}}: failure-to-full {{g .Value}} s (budget {{g $.Budget}} s, SLO {{g $.SLO}} s)</title></rect>
 {{end}}{{if not .Marks}}<text class="empty" x="{{f .MX}}" y="{{f .MY}}" text-anchor="middle">no takeover in the window</text>{{end}}
 <text class="axis" x="{{f .X0}}" y="{{f .H}}">{{.FromLabel}}</text><text class="axis" x="{{f .X1}}" y="{{f .H}}" text-anchor="end">{{.ToLabel}}</text>
-</svg>{{end}}`))
+</svg></figure>{{end}}`))
 
 func execSVG(name string, data any) template.HTML {
 	var b bytes.Buffer
@@ -146,6 +148,10 @@ func (c Chart) RenderWithMarks(marks []chartMark) template.HTML {
 		chartMark
 		X     float64
 		Clock string
+		// The label: left of the line near the right edge (it was cut
+		// off there), and one line lower than the mark before it.
+		LY, DX float64
+		Anchor string
 	}
 	data := struct {
 		frame
@@ -154,8 +160,12 @@ func (c Chart) RenderWithMarks(marks []chartMark) template.HTML {
 		Lines           []lineOut
 		Marks           []markOut
 	}{frame: f, ID: c.ID, Title: c.Title, Unit: c.Unit, Max: max}
-	for _, m := range marks {
-		data.Marks = append(data.Marks, markOut{chartMark: m, X: f.x(m.At), Clock: clock(m.At)})
+	for i, m := range marks {
+		mo := markOut{chartMark: m, X: f.x(m.At), Clock: clock(m.At), LY: f.Y0 + 9 + 11*float64(i%4), DX: 2, Anchor: "start"}
+		if mo.X > f.X0+0.75*f.PW {
+			mo.DX, mo.Anchor = -2, "end"
+		}
+		data.Marks = append(data.Marks, mo)
 	}
 	for i, l := range c.Lines {
 		lo := lineOut{Name: l.Name, Class: l.Class, N: len(l.Points)}
@@ -286,8 +296,12 @@ func Timeline(id, title string, from, to float64, tk []Takeover, budget, slo flo
 		ID, Title     string
 		Budget, SLO   float64
 		BudgetY, SLOY float64
-		Marks         []mark
-	}{frame: f, ID: id, Title: title, Budget: budget, SLO: slo, BudgetY: f.y(budget, top), SLOY: f.y(slo, top)}
+		// Top is the value axis' maximum; RX the right end of the
+		// lines' labels, drawn inside the plot above their line (left of
+		// the plot they were cut off).
+		Top, RX float64
+		Marks   []mark
+	}{frame: f, ID: id, Title: title, Budget: budget, SLO: slo, BudgetY: f.y(budget, top), SLOY: f.y(slo, top), Top: top, RX: f.X1 - 4}
 	for _, t := range tk {
 		y := f.y(t.FailureToFull, top)
 		data.Marks = append(data.Marks, mark{At: t.At, Value: t.FailureToFull, X: f.x(t.At) - 3, Y: y, BH: math.Max(f.Y1-y, 1), Label: clock(t.At),
@@ -378,7 +392,7 @@ func buildAgentCharts(w telemetry.Window, now time.Time) agentCharts {
 	for _, n := range names {
 		ss := bySess[n]
 		id := "failover-" + strings.TrimPrefix(n, "session/")
-		out.Failover = append(out.Failover, Timeline(id, "Takeovers of "+n+": failure-to-full against the budget and SLO", from, to, ss.tk, ss.budget, ss.slo))
+		out.Failover = append(out.Failover, Timeline(id, "Failover timeline of "+n, from, to, ss.tk, ss.budget, ss.slo))
 	}
 	return out
 }

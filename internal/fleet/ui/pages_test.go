@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,4 +75,26 @@ func getPage(t *testing.T, d *daemon.Daemon, session, path string) string {
 		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
 	}
 	return string(b)
+}
+
+// Every page sends its own time as the trailer Server-Timing (what the
+// telemetry benchmark reports), after the body.
+func TestPagesSendServerTiming(t *testing.T) {
+	d := startUI(t, "replica-timing", nil)
+	sess := sessionOf(t, d, store.RoleViewer)
+	for _, path := range []string{"/ui/", "/ui/agents", "/ui/cluster"} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+d.HTTPAddr().String()+path, nil)
+		req.AddCookie(&http.Cookie{Name: ui.CookieName, Value: sess})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		v := resp.Trailer.Get("Server-Timing")
+		ms, ok := strings.CutPrefix(v, "app;dur=")
+		if f, err := strconv.ParseFloat(ms, 64); resp.StatusCode != 200 || !ok || err != nil || f <= 0 {
+			t.Errorf("GET %s: %d, Server-Timing %q", path, resp.StatusCode, v)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"html/template"
@@ -29,7 +30,9 @@ func (h *handler) agentSparks(ctx context.Context, agents []store.Agent) map[str
 	for i, a := range agents {
 		uids[i] = a.InstanceUID
 	}
-	ws, err := tr.Agents(ctx, uids, sparkWindow)
+	// The coarse tier: 30 points an agent are enough for a sparkline, and
+	// the page reads a sixth of the rows of the fine tier.
+	ws, err := tr.AgentsCoarse(ctx, uids, sparkWindow)
 	if err != nil {
 		h.log.Warn("reading the agents' telemetry for the list", "error", err)
 		return nil
@@ -59,6 +62,9 @@ func (h *handler) agentTelemetry(ctx context.Context, uid string) *agentCharts {
 	c := buildAgentCharts(w, time.Now())
 	return &c
 }
+
+// NotReported is the versions bar of the agents that report no package.
+const NotReported = "not reported"
 
 // fleetPictures are the overview's charts: the fleet's throughput and
 // drops, and the agents online, offline and unhealthy, over the last
@@ -95,7 +101,14 @@ func (h *handler) fleetPictures(ctx context.Context) *fleetPictures {
 	if vs, err := h.a.Store().PackageVersions(ctx); err == nil {
 		var bars []Bar
 		for _, v := range vs {
-			bars = append(bars, Bar{Label: fmt.Sprintf("%s %s", v.Package, v.Version), Value: float64(v.Agents)})
+			bars = append(bars, Bar{Label: fmt.Sprintf("%s %s", v.Package, cmp.Or(v.Version, "(version not reported)")), Value: float64(v.Agents)})
+		}
+		// Agents that report no package at all are counted too: a fleet
+		// of them is not an empty picture.
+		if _, none, err := h.a.Store().AgentsWithoutPackages(ctx); err != nil {
+			h.log.Warn("counting agents without package statuses", "error", err)
+		} else if none > 0 {
+			bars = append(bars, Bar{Label: NotReported, Value: float64(none)})
 		}
 		out.Versions = Bars("fleet-versions", "Agents per package version", bars)
 	} else {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,7 +17,11 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 
+	"github.com/myriarch/myriarch/internal/fleet/configs"
 	"github.com/myriarch/myriarch/internal/fleet/fleettest"
+	"github.com/myriarch/myriarch/internal/fleet/rollout"
+	"github.com/myriarch/myriarch/internal/fleet/store"
+	"github.com/myriarch/myriarch/internal/fleet/ui"
 )
 
 // otlp is an OTLP protobuf export: cumulative sums and gauges of one
@@ -58,7 +64,7 @@ func TestTelemetryPicturesInHeadlessChromium(t *testing.T) {
 	browser := chromium(t)
 	const secret = "0123456789abcdef-secret"
 	d := startUI(t, "replica-tele", map[string]string{"ha.heartbeatInterval": "1s", "server.lastSeenFlushInterval": "200ms",
-		"telemetry.flushInterval": "100ms", "telemetry.fineResolution": "1s", "telemetry.coarseResolution": "10s"})
+		"telemetry.flushInterval": "100ms", "telemetry.fineResolution": "1s", "telemetry.coarseResolution": "10s", "jobs.rolloutInterval": "100ms"})
 	ctx := context.Background()
 	tok, err := d.Store.CreateToken(ctx, "ui")
 	if err != nil {
@@ -67,7 +73,7 @@ func TestTelemetryPicturesInHeadlessChromium(t *testing.T) {
 	opamp := "ws://" + d.OpAMPAddr().String() + "/v1/opamp"
 	start := func(name string) *fleettest.Agent {
 		a, err := fleettest.StartAgent(ctx, fleettest.AgentOptions{URL: opamp, Secret: secret, Credential: true, OwnMetrics: true,
-			Attrs: map[string]string{"service.name": name}})
+			Attrs: map[string]string{"service.name": name, "role": "tele"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,9 +100,26 @@ func TestTelemetryPicturesInHeadlessChromium(t *testing.T) {
 			t.Fatalf("POST own metrics: %d", resp.StatusCode)
 		}
 	}
+	// A configuration of both agents, rolled out in two waves (one agent
+	// each, no bake) while they send.
+	cs := configs.Service{Store: d.Store}
+	if _, err := cs.Put(ctx, store.ConfigDef{Name: "tele", Type: configs.TypeYAML, Selector: map[string]string{"role": "tele"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cs.AddRevision(ctx, "tele", "a: 1\n", "test", ""); err != nil {
+		t.Fatal(err)
+	}
+	var ro rollout.Rollout
 	// 200 spans/s and 50 messages/s for 25 s, one takeover of 1.5 s
-	// (budget 12 s, SLO 60 s) in the middle.
+	// (budget 12 s, SLO 60 s) and the rollout in the middle.
 	for i := range 26 {
+		if i == 10 {
+			bake := 0.0
+			if ro, err = (rollout.Service{Store: d.Store}).Create(ctx, rollout.Request{Config: "tele",
+				Spec: rollout.Spec{Waves: []string{"1", "100%"}, BakeS: &bake}}, "test"); err != nil {
+				t.Fatal(err)
+			}
+		}
 		post(col, otlp(t, map[string][3]string{"otelcol_receiver_accepted_spans": {"receiver", "otlp", strconv.Itoa(200 * i)},
 			"otelcol_exporter_sent_spans": {"exporter", "debug", strconv.Itoa(200 * i)}}, nil))
 		g := map[string][3]string{"myriarch_bridge_failover_budget_seconds": {"session", "plant", "12"},
@@ -194,7 +217,11 @@ func TestTelemetryPicturesInHeadlessChromium(t *testing.T) {
 		t.Errorf("agents online %v, want 2", v)
 	}
 	if v := attr(`#fleet-configs g.bar`, "data-value"); v != 2 {
-		t.Errorf("configs in use: %v agents, want 2 (none)", v)
+		t.Errorf("configs in use: %v agents, want 2", v)
+	}
+	// Neither agent reports a package: counted as not reported.
+	if v := attr(`#fleet-versions g.bar[data-label="`+ui.NotReported+`"]`, "data-value"); v != 2 {
+		t.Errorf("versions in use: %v agents not reported, want 2", v)
 	}
 	shot("overview.png")
 
@@ -230,6 +257,38 @@ func TestTelemetryPicturesInHeadlessChromium(t *testing.T) {
 	if v := attr(`#chart-inflight g.series`, "data-last"); v != 3 {
 		t.Errorf("in flight %v, want 3", v)
 	}
+	// The timeline is a figure with its own caption, like the charts.
+	do(chromedp.WaitVisible(q(`figure.timeline-box figcaption`)), chromedp.WaitVisible(q(`#failover-plant line.budget`)))
 	shot("agent-bridge.png")
+
+	// The rollout's page: its agents' throughput with each wave's start
+	// marked, and per wave the mean before it started and after it
+	// completed (each wave is one agent: its rate, 200 or 50 per second).
+	rd, err := (rollout.Service{Store: d.Store}).Detail(ctx, ro.ID, 10)
+	if err != nil || rd.State != rollout.StateSucceeded {
+		t.Fatalf("rollout: %v %+v", err, rd)
+	}
+	do(chromedp.Navigate(fmt.Sprintf("%s/ui/rollouts/%d?refresh=0", base, ro.ID)), chromedp.WaitVisible(q("#rollout-throughput")),
+		chromedp.WaitVisible(q("#wave-throughput")))
+	if v := attr(`#rollout-throughput g.series[data-name="throughput"]`, "data-max"); v < 200 || v > 300 {
+		t.Errorf("rollout throughput max %v, want about 250", v)
+	}
+	for wave := 1; wave <= 2; wave++ {
+		row := fmt.Sprintf(`#wave-throughput tr.wave-throughput[data-wave="%d"]`, wave)
+		before, after := attr(row, "data-before"), attr(row, "data-after")
+		near := func(v float64) bool { return (v > 150 && v < 250) || (v > 35 && v < 65) }
+		if !near(before) || !near(after) || math.Abs(before-after) > 0.3*math.Max(before, after) {
+			t.Errorf("wave %d: %v/s before, %v/s after; want the rate of its agent (200 or 50) both times", wave, before, after)
+		}
+		mark := fmt.Sprintf(`#rollout-throughput g.mark[data-label="wave %d"]`, wave)
+		// The mark's attributes have four significant digits.
+		if b, a := attr(mark, "data-before"), attr(mark, "data-after"); math.Abs(b-before) > 0.001*before || math.Abs(a-after) > 0.001*after {
+			t.Errorf("wave %d mark: %v before, %v after; the table says %v, %v", wave, b, a, before, after)
+		}
+		if at := attr(mark, "data-at"); at < float64(rd.CreatedAt.Unix()) {
+			t.Errorf("wave %d marked at %v, before the rollout was created (%v)", wave, at, rd.CreatedAt.Unix())
+		}
+	}
+	shot("rollout.png")
 	t.Logf("screenshots in %s", shots)
 }

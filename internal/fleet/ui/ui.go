@@ -23,7 +23,9 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/myriarch/myriarch/internal/fleet/api"
 	"github.com/myriarch/myriarch/internal/fleet/configs"
@@ -135,7 +137,20 @@ func (h *handler) public(pattern string, f http.HandlerFunc) {
 // behind the cross-origin protection.
 func (h *handler) route(role store.Role, pattern string, f http.HandlerFunc) {
 	h.routes = append(h.routes, api.Route{Pattern: pattern, Role: role})
-	h.mux.Handle(pattern, h.cop.Handler(h.auth(role, f)))
+	h.mux.Handle(pattern, h.cop.Handler(serverTiming(h.auth(role, f))))
+}
+
+// serverTiming sends, as the trailer Server-Timing ("app;dur=" and
+// milliseconds), how long the replica took to answer a page from its
+// session check to its last byte: the page's own time, without the
+// network's (myriarch-loadagents telemetry reports it).
+func serverTiming(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		w.Header().Set("Trailer", "Server-Timing")
+		next(w, r)
+		w.Header().Set("Server-Timing", "app;dur="+strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
+	}
 }
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
