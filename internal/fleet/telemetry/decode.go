@@ -19,20 +19,16 @@ import (
 var ErrContentType = errors.New("Content-Type must be application/x-protobuf or application/json (OTLP/HTTP)")
 
 // Decode reads an OTLP/HTTP metrics export request (protobuf or JSON, by
-// contentType) and returns the catalog's series it carries: data points
-// of one series (several transports of one receiver, several senders of
-// one route) are summed. Protobuf is read by scan (wire.go); JSON, and
-// what scan leaves, by the OpenTelemetry decoder (pdata). JSON reports
-// whether the request was JSON (the answer is in the same encoding).
+// contentType) with the OpenTelemetry decoder and returns the catalog's
+// series it carries: data points of one series (several transports of one
+// receiver, several senders of one route) are summed. JSON reports whether
+// the request was JSON (the answer is in the same encoding).
 func Decode(body []byte, contentType string) (map[Key]float64, bool, error) {
 	mt, _, _ := mime.ParseMediaType(contentType)
 	req := pmetricotlp.NewExportRequest()
 	json := false
 	switch mt {
 	case "application/x-protobuf", "application/protobuf":
-		if out, err := scan(body); err == nil {
-			return out, false, nil
-		}
 		if err := req.UnmarshalProto(body); err != nil {
 			return nil, false, fmt.Errorf("body: not an OTLP protobuf ExportMetricsServiceRequest: %w", err)
 		}
@@ -60,19 +56,15 @@ func Samples(md pmetric.Metrics) map[Key]float64 {
 			}
 		}
 	}
-	dropNonFinite(out)
-	return out
-}
-
-// dropNonFinite deletes NaN and the infinities (sent, or a sum that
-// overflowed): JSON has no words for them, and one in the batcher's rows
-// failed the encoding of the whole flush, every agent's samples lost.
-func dropNonFinite(out map[Key]float64) {
+	// NaN and the infinities (sent, or a sum that overflowed) are not
+	// kept: JSON has no words for them, and one in the batcher's rows
+	// failed the encoding of the whole flush, every agent's samples lost.
 	for k, v := range out {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			delete(out, k)
 		}
 	}
+	return out
 }
 
 func addMetric(out map[Key]float64, m pmetric.Metric) {
@@ -92,8 +84,7 @@ func addMetric(out map[Key]float64, m pmetric.Metric) {
 	}
 	for i := range dps.Len() {
 		dp := dps.At(i)
-		attrs := dp.Attributes()
-		k, ok := mapName(name, func(key string) string { return attr(attrs, key) })
+		k, ok := mapName(name, dp.Attributes())
 		if !ok || !validComponent(k.Component) {
 			continue
 		}
@@ -135,12 +126,12 @@ func attr(a pcommon.Map, key string) string {
 }
 
 // mapName maps a metric (normalized name) and the attributes of a data
-// point (attr reads one, "" when absent) onto a catalog series.
-func mapName(n string, attr func(key string) string) (Key, bool) {
+// point onto a catalog series.
+func mapName(n string, a pcommon.Map) (Key, bool) {
 	if rest, ok := strings.CutPrefix(n, "otelcol_receiver_"); ok {
 		for _, p := range []struct{ prefix, name string }{{"accepted_", "accepted."}, {"refused_", "refused."}, {"failed_", "failed."}} {
 			if sig, ok := strings.CutPrefix(rest, p.prefix); ok && isSignal(sig) {
-				return Key{Name: p.name + sig, Component: "receiver/" + attr("receiver")}, true
+				return Key{Name: p.name + sig, Component: "receiver/" + attr(a, "receiver")}, true
 			}
 		}
 		return Key{}, false
@@ -148,13 +139,13 @@ func mapName(n string, attr func(key string) string) (Key, bool) {
 	if rest, ok := strings.CutPrefix(n, "otelcol_exporter_"); ok {
 		for _, p := range []struct{ prefix, name string }{{"sent_", "sent."}, {"send_failed_", "failed."}} {
 			if sig, ok := strings.CutPrefix(rest, p.prefix); ok && isSignal(sig) {
-				return Key{Name: p.name + sig, Component: "exporter/" + attr("exporter")}, true
+				return Key{Name: p.name + sig, Component: "exporter/" + attr(a, "exporter")}, true
 			}
 		}
 		return Key{}, false
 	}
-	route := "route/" + attr("route")
-	session := "session/" + attr("session")
+	route := "route/" + attr(a, "route")
+	session := "session/" + attr(a, "session")
 	switch n {
 	case "myriarch_bridge_messages_in":
 		return Key{"received", route}, true
