@@ -32,8 +32,9 @@ type Spool interface {
 	Detach()
 }
 
-// GroupSpool is a Spool that stores in groups: one commit (or one sync)
-// for every message that queued up while the previous one ran. The route
+// GroupSpool is a Spool that stores in groups: one commit (the outbox)
+// or one fsync (the file spool with fsync always) for every message that
+// queued up while the previous one ran. The route
 // hands a message over with Enqueue, which does not wait for the store,
 // so that the session's packet loop goes on reading while a group is
 // made durable; the store's latency then bounds how long a message waits
@@ -42,8 +43,9 @@ type Spool interface {
 type GroupSpool interface {
 	Spool
 	// Enqueue queues m and returns. stored is then called exactly once,
-	// from the spool's own goroutine, in the order of the Enqueue calls:
-	// with nil once m is durable, with an error wrapping ErrSpoolFull when
+	// in the order of the Enqueue calls, from the spool's goroutine (or
+	// before Enqueue returns, when the spool holds m as durably as it
+	// will at once): with nil once m is durable, with an error wrapping ErrSpoolFull when
 	// the spool was full at Enqueue and its policy is to dead-letter, with
 	// another error when m was not stored (it must stay unacknowledged).
 	// Enqueue waits while the spool's queue of messages not yet reported
