@@ -84,13 +84,15 @@ func (h *fenceHold) end(t *testing.T, commit bool) {
 }
 
 // waitingInsert waits until the committer's INSERT waits for the fence
-// row's lock and returns its backend's pid.
-func waitingInsert(t *testing.T, obs *pgx.Conn) int {
+// row's lock that h holds, and returns its backend's pid.
+func waitingInsert(t *testing.T, obs *pgx.Conn, h *fenceHold) int {
 	t.Helper()
 	var pid int
+	holder := h.tx.Conn().PgConn().PID()
 	testwait.Until(t, "the committer's INSERT waiting on the fence row", waitLimit, func() bool {
 		err := obs.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO `+Table+` (%' LIMIT 1`).Scan(&pid)
+			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO `+Table+` (%' AND $1 = ANY (pg_blocking_pids(pid)) LIMIT 1`,
+			int32(holder)).Scan(&pid)
 		return err == nil
 	})
 	return pid
@@ -205,7 +207,7 @@ func TestGroupCommitThroughTheRoute(t *testing.T) {
 	obs := e.conn(t)
 	h := holdFence(t, e)
 	d.Handle(msg(0), ack(0))
-	waitingInsert(t, obs)
+	waitingInsert(t, obs, h)
 	const n = 100
 	for i := 1; i < n; i++ {
 		d.Handle(msg(i), ack(i)) // returns: the INSERT of m0 still waits
@@ -250,7 +252,7 @@ func TestFencedBatchAcknowledgesNothing(t *testing.T) {
 	h := holdFence(t, e)
 	v := &verdicts{}
 	enqueue(t, o, 0, v)
-	waitingInsert(t, obs)
+	waitingInsert(t, obs, h)
 	for i := 1; i < 10; i++ {
 		enqueue(t, o, i, v)
 	}
@@ -298,7 +300,7 @@ func TestCloseLeavesQueuedUnacknowledged(t *testing.T) {
 			h := holdFence(t, e)
 			v := &verdicts{}
 			enqueue(t, o, 0, v)
-			waitingInsert(t, obs)
+			waitingInsert(t, obs, h)
 			for i := 1; i < 10; i++ {
 				enqueue(t, o, i, v)
 			}
@@ -358,7 +360,7 @@ func TestFailedBatchStaysUnacknowledged(t *testing.T) {
 	v := &verdicts{}
 	enqueue(t, o, 0, v)
 	enqueue(t, o, 1, v) // queued behind m0's INSERT, or in it
-	pid := waitingInsert(t, obs)
+	pid := waitingInsert(t, obs, h)
 	var first []verdict
 	if _, err := obs.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
@@ -457,7 +459,7 @@ func TestGroupFullPolicy(t *testing.T) {
 		h := holdFence(t, e)
 		v := &verdicts{}
 		enqueue(t, o, 0, v)
-		waitingInsert(t, obs)
+		waitingInsert(t, obs, h)
 		for i := 1; i < 8; i++ {
 			enqueue(t, o, i, v)
 		}
@@ -481,7 +483,7 @@ func TestGroupFullPolicy(t *testing.T) {
 		h := holdFence(t, e)
 		v := &verdicts{}
 		enqueue(t, o, 0, v)
-		waitingInsert(t, obs)
+		waitingInsert(t, obs, h)
 		enqueue(t, o, 1, v)
 		enqueue(t, o, 2, v)
 		waited := make(chan error, 1)
