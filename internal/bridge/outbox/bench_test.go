@@ -17,12 +17,13 @@ import (
 	"github.com/myriarch/myriarch/internal/bridge/transport"
 )
 
-// BenchmarkAppendAck is the outbox's cost per message on a real
-// PostgreSQL (pgtest: loopback, fsync off, synchronous_commit on): one
-// fenced INSERT committed per Append (the durability point, awaited like
-// the route's handler awaits it), the pump's claim of the row, and its
-// share of the batched, fenced DELETE. Messages of 256 bytes, one
-// appender, the reader concurrent as in a route. It reports msg/s and
+// BenchmarkAppendAck is the outbox's cost per lone message on a real
+// PostgreSQL (pgtest: loopback, fsync off, synchronous_commit on): each
+// Append awaited before the next, so each is its own fenced INSERT (a
+// group of one) through the committer, the pump's claim of the row, and
+// its share of the batched, fenced DELETE. Messages of 256 bytes, one
+// appender, the reader concurrent as in a route. The route does not
+// await its appends (BenchmarkRouteIntake is its path). It reports msg/s and
 // the mean Append latency (append_us). MYRIARCH_OUTBOX_FSYNC=on runs the
 // server with fsync on; MYRIARCH_OUTBOX_SYNC_COMMIT=off shows what an
 // asynchronous commit would buy.
