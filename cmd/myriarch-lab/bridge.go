@@ -79,6 +79,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	outage := fs.Duration("outage", 10*time.Second, "destination_outage scenarios: how long the destination broker stays down")
 	spoolPasses := fs.String("spool", lab.SpoolBoth, "destination_outage scenarios: both (spool on and off side by side), on or off")
 	fsync := fs.String("fsync", "interval", "destination_outage scenarios: the file spool's fsync policy (always, interval, never)")
+	pgFsync := fs.Bool("pg-fsync", false, "destination_outage scenarios with --store postgres: run the lab's PostgreSQL with fsync on (each commit waits for the disk, as in production; default off, like the tests' clusters)")
 	topics := fs.Int("topics", 4, "destination_outage scenarios: topics the messages are spread over (order is judged per topic)")
 	progressEvery := fs.Duration("progress-every", 10*time.Second, "destination_outage scenarios: cadence of the progress lines")
 	if err := fs.Parse(args); err != nil {
@@ -119,7 +120,7 @@ func runLab(args []string, stdout, stderr io.Writer) int {
 	if slices.ContainsFunc(sc, lab.IsOutageScenario) {
 		if !slices.ContainsFunc(sc, func(s string) bool { return !lab.IsOutageScenario(s) }) && len(sessions) == 0 && *runs == 0 && *queue == 0 {
 			return runOutage(lab.OutageOptions{Command: labExec, Scenarios: sc, Store: *store, Rate: *rate, Outage: *outage,
-				Topics: *topics, Spool: *spoolPasses, Fsync: *fsync, Dir: *keep, Progress: stderr, ProgressEvery: *progressEvery},
+				Topics: *topics, Spool: *spoolPasses, Fsync: *fsync, PostgresFsync: *pgFsync, Dir: *keep, Progress: stderr, ProgressEvery: *progressEvery},
 				*broker, *asJSON, stdout, stderr)
 		}
 		fmt.Fprintf(stderr, "--scenarios %q: %s run alone (without --sessions, --runs or --broker-queue-limit)\n", *scenarios, strings.Join(lab.OutageScenarios, " and "))

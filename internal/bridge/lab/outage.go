@@ -89,6 +89,11 @@ type OutageOptions struct {
 	Spool string
 	// Fsync is the file spool's fsync policy (default interval).
 	Fsync string
+	// PostgresFsync runs the lab's PostgreSQL (store postgres) with the
+	// server's fsync on, as a production server runs: each commit waits
+	// for the disk. Off by default (pgtest's throwaway clusters run with
+	// fsync off).
+	PostgresFsync bool
 	// SpoolBlock, when set, replaces the rendered spool block (the YAML
 	// flow mapping after `spool: `); {{DIR}} is the pass's directory.
 	SpoolBlock string
@@ -114,7 +119,10 @@ type OutageRow struct {
 	// Spool is file, postgres or off.
 	Spool string `json:"spool"`
 	Fsync string `json:"fsync,omitempty"`
-	Rate  int    `json:"rate"`
+	// PostgresFsync is the lab PostgreSQL's fsync setting (on or off)
+	// for the postgres spool.
+	PostgresFsync string `json:"postgres_fsync,omitempty"`
+	Rate          int    `json:"rate"`
 	// SourceQueue is the source broker's max_queued_messages (mosquitto's
 	// default 1000 unless changed); 0 for an external broker.
 	SourceQueue int     `json:"source_max_queued_messages"`
@@ -335,7 +343,11 @@ func RunOutage(ctx context.Context, opts OutageOptions) (*OutageReport, error) {
 			rep.Source = fmt.Sprintf("mosquitto (max_queued_messages %d)", opts.SourceQueue)
 		}
 	}
-	st, err := startStore(ctx, opts.Store, dir)
+	var pgSettings map[string]string
+	if opts.PostgresFsync {
+		pgSettings = map[string]string{"fsync": "on"}
+	}
+	st, err := startStoreWith(ctx, opts.Store, dir, pgSettings)
 	if err != nil {
 		return nil, err
 	}
@@ -448,6 +460,12 @@ func (p *outagePass) run(ctx context.Context) (*OutageRow, error) {
 		SourceQueue: p.sourceQueue, OutageS: p.opts.Outage.Seconds()}
 	if p.spoolOn && p.opts.Store == StoreSQLite {
 		row.Fsync = p.opts.Fsync
+	}
+	if p.spoolOn && p.opts.Store == StorePostgres {
+		row.PostgresFsync = "off"
+		if p.opts.PostgresFsync {
+			row.PostgresFsync = "on"
+		}
 	}
 
 	// The destination: an embedded broker behind a proxy, and the sink.

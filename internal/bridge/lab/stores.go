@@ -64,6 +64,13 @@ func (s *storeEnv) Close() {
 func (s *storeEnv) Partitionable() bool { return s.target != "" }
 
 func startStore(ctx context.Context, kind, dir string) (*storeEnv, error) {
+	return startStoreWith(ctx, kind, dir, nil)
+}
+
+// startStoreWith is startStore with extra server settings for a
+// postgres store (pgtest.Options.Settings; fsync is off unless they set
+// it on).
+func startStoreWith(ctx context.Context, kind, dir string, pgSettings map[string]string) (*storeEnv, error) {
 	s := &storeEnv{kind: kind}
 	var err error
 	switch kind {
@@ -73,7 +80,7 @@ func startStore(ctx context.Context, kind, dir string) (*storeEnv, error) {
 		s.reader, err = sqlitestore.Open(ctx, path, sqlitestore.Options{})
 	case StorePostgres:
 		var pg *pgtest.Cluster
-		pg, err = pgtest.Start(ctx, pgtest.Options{})
+		pg, err = pgtest.Start(ctx, pgtest.Options{Settings: pgSettings})
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}

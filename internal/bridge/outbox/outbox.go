@@ -13,6 +13,22 @@
 // it was dead-lettered). A successor that takes over the session's lease
 // opens the same rows and continues from the first one not deleted.
 //
+// # Group commit
+//
+// A commit costs the database's WAL flush, milliseconds on a disk, and a
+// route that waited for one commit per message would take in no more
+// messages a second than one over that latency. So the route hands
+// messages over without waiting (Enqueue, routing.GroupSpool) and one
+// committer stores everything that queued up while its previous INSERT
+// ran, in one fenced statement (INSERT ... SELECT ... FROM unnest of one
+// array per column), then reports each message's verdict in queue order;
+// the route acknowledges the source from there. The source's receive
+// maximum bounds what is queued, and MaxPending too. A statement stores
+// its whole batch or nothing: fenced, every message of the batch is
+// refused and stays unacknowledged; failed, likewise, and the next batch
+// first finds where the rows end (its outcome is unknown). Close leaves
+// what is still queued unstored and unacknowledged.
+//
 // # Fencing
 //
 // An Outbox is opened for one tenure: the session's lease id and the
@@ -38,9 +54,10 @@
 // be granted); what it might still store or settle there is handed to the
 // successor or was delivered, never lost.
 //
-// Sequence numbers are assigned by the one appender (appends are
-// serialised), so commit order is seq order and the reader never sees a
-// gap that a later commit would fill.
+// Sequence numbers are assigned by the one committer, in queue order,
+// and the reader reads only below the first seq not committed, so commit
+// order is seq order and the reader never sees a gap that a later commit
+// would fill.
 package outbox
 
 import (
@@ -50,6 +67,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -86,6 +104,10 @@ var ErrClosed = errors.New("outbox closed")
 const (
 	DefaultAckInterval   = 50 * time.Millisecond
 	DefaultStatsInterval = time.Second
+	DefaultMaxPending    = 1024
+	// closeGrace is how long Close lets an INSERT in progress finish
+	// before it cancels it (its messages then stay unacknowledged).
+	closeGrace = 2 * time.Second
 	// readBatch is how many rows one claim reads ahead.
 	readBatch = 256
 	// ackBatch is how many settled rows trigger a DELETE before the
@@ -118,6 +140,11 @@ type Options struct {
 	MaxBytes    int64
 	MaxMessages int64
 	Full        string // spool.FullBlock (default) or spool.FullDeadLetter
+	// MaxPending bounds the messages handed to Enqueue and not yet
+	// reported (queued, or in the INSERT being committed); Enqueue waits
+	// beyond it (default DefaultMaxPending). The source's receive maximum
+	// usually bounds them first.
+	MaxPending int
 	// AckInterval is the cadence at which settled rows are deleted, in
 	// one statement (default 50ms); a crash re-delivers what was settled
 	// since the last one.
@@ -147,15 +174,15 @@ type row struct {
 	msg  transport.Message
 }
 
-// Outbox is one route's spool rows for one tenure. Append is called by
-// one goroutine at a time (it serialises them anyway); Next by one
-// reader at a time (Attach); Ack from any goroutine.
+// Outbox is one route's spool rows for one tenure. Enqueue (or Append)
+// is called by one goroutine at a time: the order of its calls is the
+// rows' order; Next by one reader at a time (Attach); Ack from any
+// goroutine.
 type Outbox struct {
 	opts Options
 	log  *slog.Logger
 
-	appendMu sync.Mutex // one INSERT at a time: seq order is commit order
-	dbMu     sync.Mutex // claims and deletes do not interleave (see Next)
+	dbMu sync.Mutex // claims and deletes do not interleave (see Next)
 
 	mu        sync.Mutex
 	changed   chan struct{}
@@ -174,14 +201,29 @@ type Outbox struct {
 	bytes     int64
 	stats     spool.Stats
 
-	// resync is set by an Append whose outcome is unknown (its
-	// statement failed, perhaps after its commit): the next Append first
-	// reads where the rows end.
-	resync     bool
-	resyncSize int64
-	kick       chan struct{} // an early DELETE (ackBatch settled rows)
-	stop       chan struct{}
-	done       chan struct{}
+	// The group commit: what Enqueue queued and the committer has not
+	// taken yet, in order; unreported counts those and the batch being
+	// committed (bounded by MaxPending); queuedN and queuedBytes are the
+	// rows among them that the full bound counts.
+	queue       []*entry
+	unreported  int
+	queuedN     int64
+	queuedBytes int64
+	// resync is set by an INSERT whose outcome is unknown (its statement
+	// failed, perhaps after its commit): the next batch first reads where
+	// the rows end.
+	resync bool
+	// statements counts the INSERTs issued (tests: one per group).
+	statements atomic.Int64
+
+	closeGrace   time.Duration // Close's wait for an INSERT in progress (closeGrace)
+	wake         chan struct{} // Enqueue → the committer
+	commitCtx    context.Context
+	cancelCommit context.CancelFunc // Close, once the grace for a statement in progress is over
+	commitDone   chan struct{}
+	kick         chan struct{} // an early DELETE (ackBatch settled rows)
+	stop         chan struct{}
+	done         chan struct{}
 }
 
 // OpenPool opens a pool on dsn for an Outbox, with synchronous_commit on
@@ -281,6 +323,9 @@ func Open(ctx context.Context, opts Options) (*Outbox, error) {
 	if opts.StatsInterval <= 0 {
 		opts.StatsInterval = DefaultStatsInterval
 	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = DefaultMaxPending
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -292,7 +337,9 @@ func Open(ctx context.Context, opts Options) (*Outbox, error) {
 	}
 	o := &Outbox{opts: opts, log: opts.Logger.With("outbox", Table, "lease", opts.Lease, "route", opts.Route, "version", opts.Version),
 		changed: make(chan struct{}), handedOut: map[uint64]handed{}, pending: map[uint64]handed{}, acked: map[uint64]struct{}{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), commitDone: make(chan struct{}), closeGrace: closeGrace}
+	o.commitCtx, o.cancelCommit = context.WithCancel(context.Background())
 	var fenceOK bool
 	var n, bytes, first, last int64
 	err := pgx.BeginFunc(ctx, opts.Pool, func(tx pgx.Tx) error {
@@ -305,9 +352,11 @@ func Open(ctx context.Context, opts Options) (*Outbox, error) {
 			FROM `+Table+` WHERE lease_id = $1 AND route = $2`, opts.Lease, opts.Route).Scan(&n, &bytes, &first, &last)
 	})
 	if err != nil {
+		o.cancelCommit()
 		return nil, fmt.Errorf("outbox %s/%s: open: %w", opts.Lease, opts.Route, err)
 	}
 	if !fenceOK {
+		o.cancelCommit()
 		return nil, o.fencedErr(ctx, "open")
 	}
 	o.count, o.bytes = n, bytes
@@ -315,6 +364,7 @@ func Open(ctx context.Context, opts Options) (*Outbox, error) {
 	o.stats.Recovered = n
 	o.stats.PeakMessages = n
 	go o.loop()
+	go o.commitLoop()
 	return o, nil
 }
 
@@ -374,11 +424,25 @@ func rowSize(m *transport.Message, props []byte) int64 {
 	return int64(len(m.Topic)+len(m.Payload)+len(props)) + rowOverhead
 }
 
-// Append inserts m, fenced, and returns once the INSERT committed. When
-// the outbox is full it waits for room (block) until quit closes
-// (ErrClosed), or returns ErrFull (dead_letter). A database error leaves
-// the message unacknowledged at the source (the caller's error path).
-func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
+// entry is a message handed to the outbox and not yet reported.
+type entry struct {
+	msg    transport.Message
+	props  []byte
+	size   int64
+	full   bool // refused by the full policy (dead_letter): not stored
+	stored func(error)
+}
+
+// Enqueue queues m for the next group commit and returns (the route's
+// hand-over, routing.GroupSpool): stored is called, in the order of the
+// Enqueue calls, from the outbox's committer once the INSERT that holds m
+// committed (nil), failed or was fenced (m stays unacknowledged), or
+// with ErrFull (dead_letter: m was refused because the outbox was full
+// when it was queued). Enqueue waits while MaxPending messages are not
+// yet reported, or (block) while the outbox is full counting what is
+// queued, until quit closes (ErrClosed). It refuses at once on a closed
+// or fenced Outbox; then stored is never called.
+func (o *Outbox) Enqueue(m *transport.Message, quit <-chan struct{}, stored func(error)) error {
 	var props []byte
 	if m.Properties != nil {
 		b, err := json.Marshal(m.Properties)
@@ -387,9 +451,10 @@ func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
 		}
 		props = b
 	}
-	size := rowSize(m, props)
-	o.appendMu.Lock()
-	defer o.appendMu.Unlock()
+	e := &entry{msg: *m, props: props, size: rowSize(m, props), stored: stored}
+	if e.msg.Payload == nil {
+		e.msg.Payload = []byte{} // the column is NOT NULL; pgx sends nil as NULL
+	}
 	o.mu.Lock()
 	for {
 		if o.closed {
@@ -401,13 +466,16 @@ func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
 			o.mu.Unlock()
 			return err
 		}
-		full := (o.opts.MaxMessages > 0 && o.count+1 > o.opts.MaxMessages) || (o.opts.MaxBytes > 0 && o.count > 0 && o.bytes+size > o.opts.MaxBytes)
-		if !full {
-			break
-		}
-		if o.opts.Full == spool.FullDeadLetter {
-			o.mu.Unlock()
-			return ErrFull
+		if o.unreported < o.opts.MaxPending {
+			n, b := o.count+o.queuedN, o.bytes+o.queuedBytes
+			full := (o.opts.MaxMessages > 0 && n+1 > o.opts.MaxMessages) || (o.opts.MaxBytes > 0 && n > 0 && b+e.size > o.opts.MaxBytes)
+			if !full {
+				break
+			}
+			if o.opts.Full == spool.FullDeadLetter {
+				e.full = true
+				break
+			}
 		}
 		ch := o.changed
 		o.mu.Unlock()
@@ -418,65 +486,226 @@ func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
 		}
 		o.mu.Lock()
 	}
-	resync, lostSize := o.resync, o.resyncSize
+	o.queue = append(o.queue, e)
+	o.unreported++
+	if !e.full {
+		o.queuedN++
+		o.queuedBytes += e.size
+	}
 	o.mu.Unlock()
-	if err := o.guard("append"); err != nil {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Append stores m and returns once its INSERT committed (Enqueue and a
+// wait for its verdict), or ErrFull (dead_letter), or the error that left
+// it unstored. When quit closes first it returns ErrClosed; a message
+// already queued may then still be stored (it was not acknowledged: at
+// most a duplicate, never a loss).
+func (o *Outbox) Append(m *transport.Message, quit <-chan struct{}) error {
+	res := make(chan error, 1)
+	if err := o.Enqueue(m, quit, func(err error) { res <- err }); err != nil {
 		return err
 	}
-	ctx, cancel := quitContext(quit)
-	defer cancel()
+	select {
+	case err := <-res:
+		return err
+	case <-quit:
+		return ErrClosed
+	}
+}
+
+// commitLoop is the one committer: it stores what queued up while the
+// previous INSERT ran, all of it in one fenced statement, then reports
+// each message's verdict in order. It runs until Close, which leaves
+// what is still queued unstored and unacknowledged (ErrClosed).
+func (o *Outbox) commitLoop() {
+	defer close(o.commitDone)
+	for {
+		select {
+		case <-o.stop:
+			o.failQueue(ErrClosed)
+			return
+		case <-o.wake:
+		}
+		for {
+			select {
+			case <-o.stop:
+				o.failQueue(ErrClosed)
+				return
+			default:
+			}
+			o.mu.Lock()
+			batch := o.queue
+			o.queue = nil
+			o.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			o.commit(batch)
+		}
+	}
+}
+
+// failQueue reports err for everything still queued.
+func (o *Outbox) failQueue(err error) {
+	o.mu.Lock()
+	batch := o.queue
+	o.queue = nil
+	o.mu.Unlock()
+	o.verdict(batch, 0, 0, err)
+}
+
+// verdict gives the verdict of a batch: nil (stored) for what it stored,
+// ErrFull for what the full policy refused, err for all of it when err
+// is set. n and bytes are what the batch stored.
+func (o *Outbox) verdict(batch []*entry, n, bytes int64, err error) {
+	if len(batch) == 0 {
+		return
+	}
+	var qn, qb int64
+	for _, e := range batch {
+		if !e.full {
+			qn++
+			qb += e.size
+		}
+	}
+	o.mu.Lock()
+	o.queuedN -= qn
+	o.queuedBytes -= qb
+	if err == nil {
+		o.nextSeq += uint64(n)
+		o.count += n
+		o.bytes += bytes
+		o.stats.PeakMessages = max(o.stats.PeakMessages, o.count)
+	}
+	o.notify()
+	o.mu.Unlock()
+	for _, e := range batch {
+		switch {
+		case err != nil:
+			e.stored(err)
+		case e.full:
+			e.stored(ErrFull)
+		default:
+			e.stored(nil)
+		}
+	}
+	// Only now is there room for more: MaxPending bounds the messages
+	// whose verdict has not been reported.
+	o.mu.Lock()
+	o.unreported -= len(batch)
+	o.notify()
+	o.mu.Unlock()
+}
+
+// insertSQL stores a batch in one statement, fenced like every other
+// ($1 lease id, $2 owner, $3 version, $4 route, then one array per
+// column): when the fence row is not this tenure's, it inserts nothing.
+const insertSQL = `WITH ` + fenceCTE + `
+	INSERT INTO ` + Table + ` (lease_id, route, seq, version, received_ns, qos, retain, topic, payload, properties, size)
+	SELECT $1, $4, u.seq, $3, u.recv, u.qos, u.retain, u.topic, u.payload, u.props, u.size
+	FROM f, unnest($5::bigint[], $6::bigint[], $7::smallint[], $8::boolean[], $9::text[], $10::bytea[], $11::bytea[], $12::bigint[])
+		AS u(seq, recv, qos, retain, topic, payload, props, size)`
+
+// commit stores batch (what queued up) in one fenced INSERT and reports
+// it. Rows take consecutive seqs from nextSeq in queue order; only this
+// goroutine moves nextSeq, so commit order is seq order.
+func (o *Outbox) commit(batch []*entry) {
+	o.mu.Lock()
+	fenced, resync := o.fenced, o.resync
+	o.mu.Unlock()
+	if fenced != nil {
+		o.verdict(batch, 0, 0, fenced)
+		return
+	}
+	if err := o.guard("append"); err != nil {
+		o.verdict(batch, 0, 0, err)
+		return
+	}
+	ctx := o.commitCtx
 	if resync {
-		if err := o.resyncSeq(ctx, lostSize); err != nil {
-			return err
+		if err := o.resyncSeq(ctx); err != nil {
+			o.verdict(batch, 0, 0, err)
+			return
 		}
 	}
 	o.mu.Lock()
 	seq := o.nextSeq
 	o.mu.Unlock()
-
-	var recv int64
-	if !m.Received.IsZero() {
-		recv = m.Received.UnixNano()
+	var (
+		seqs, recvs, sizes []int64
+		qoss               []int16
+		retains            []bool
+		topics             []string
+		payloads, props    [][]byte
+		bytes              int64
+	)
+	for _, e := range batch {
+		if e.full {
+			continue
+		}
+		var recv int64
+		if !e.msg.Received.IsZero() {
+			recv = e.msg.Received.UnixNano()
+		}
+		seqs = append(seqs, int64(seq)+int64(len(seqs)))
+		recvs = append(recvs, recv)
+		qoss = append(qoss, int16(e.msg.QoS))
+		retains = append(retains, e.msg.Retain)
+		topics = append(topics, e.msg.Topic)
+		payloads = append(payloads, e.msg.Payload)
+		props = append(props, e.props)
+		sizes = append(sizes, e.size)
+		bytes += e.size
 	}
-	tag, err := o.opts.Pool.Exec(ctx, `WITH `+fenceCTE+`
-		INSERT INTO `+Table+` (lease_id, route, seq, version, received_ns, qos, retain, topic, payload, properties, size)
-		SELECT $1, $4, $5, $3, $6, $7, $8, $9, $10, $11, $12 FROM f`,
-		o.opts.Lease, o.opts.Owner, o.opts.Version, o.opts.Route, int64(seq), recv, int16(m.QoS), m.Retain, m.Topic, m.Payload, props, size)
+	n := int64(len(seqs))
+	if n == 0 {
+		o.verdict(batch, 0, 0, nil) // every one refused by the full policy
+		return
+	}
+	o.statements.Add(1)
+	tag, err := o.opts.Pool.Exec(ctx, insertSQL, o.opts.Lease, o.opts.Owner, o.opts.Version, o.opts.Route,
+		seqs, recvs, qoss, retains, topics, payloads, props, sizes)
 	if err != nil {
+		// Perhaps committed after all (the reply lost): the next batch
+		// first finds where the rows end.
 		o.mu.Lock()
-		o.resync, o.resyncSize = true, size
+		o.resync = true
 		o.mu.Unlock()
-		return fmt.Errorf("outbox %s/%s: append: %w", o.opts.Lease, o.opts.Route, err)
+		o.verdict(batch, 0, 0, fmt.Errorf("outbox %s/%s: append: %w", o.opts.Lease, o.opts.Route, err))
+		return
 	}
-	if tag.RowsAffected() != 1 {
-		return o.fencedErr(context.WithoutCancel(ctx), "append")
+	if tag.RowsAffected() != n {
+		o.verdict(batch, 0, 0, o.fencedErr(context.WithoutCancel(ctx), "append"))
+		return
 	}
-	o.mu.Lock()
-	o.nextSeq = seq + 1
-	o.count++
-	o.bytes += size
-	o.stats.PeakMessages = max(o.stats.PeakMessages, o.count)
-	o.notify()
-	o.mu.Unlock()
-	return nil
+	o.verdict(batch, n, bytes, nil)
 }
 
-// resyncSeq finds where the rows end after an Append whose outcome is
-// unknown: if its row was committed after all, the sequence moves past
-// it and it counts as held (the source, which was not acknowledged, sends
-// it again: a duplicate, never a gap or a reused seq).
-func (o *Outbox) resyncSeq(ctx context.Context, size int64) error {
-	var last int64
-	if err := o.opts.Pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM `+Table+` WHERE lease_id = $1 AND route = $2`,
-		o.opts.Lease, o.opts.Route).Scan(&last); err != nil {
+// resyncSeq finds where the rows end after an INSERT whose outcome is
+// unknown: if its rows were committed after all, the sequence moves past
+// them and they count as held (the source, which was not acknowledged,
+// sends them again: duplicates, never a gap or a reused seq).
+func (o *Outbox) resyncSeq(ctx context.Context) error {
+	o.mu.Lock()
+	from := o.nextSeq
+	o.mu.Unlock()
+	var last, n, bytes int64
+	if err := o.opts.Pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0), count(*), coalesce(sum(size), 0) FROM `+Table+`
+		WHERE lease_id = $1 AND route = $2 AND seq >= $3`, o.opts.Lease, o.opts.Route, int64(from)).Scan(&last, &n, &bytes); err != nil {
 		return fmt.Errorf("outbox %s/%s: append: %w", o.opts.Lease, o.opts.Route, err)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if uint64(last) >= o.nextSeq {
+	if n > 0 {
 		o.nextSeq = uint64(last) + 1
-		o.count++
-		o.bytes += size
+		o.count += n
+		o.bytes += bytes
+		o.stats.PeakMessages = max(o.stats.PeakMessages, o.count)
 		o.notify()
 	}
 	o.resync = false
@@ -857,6 +1086,16 @@ func (o *Outbox) Close() error {
 	o.mu.Unlock()
 	close(o.stop)
 	<-o.done
+	// The committer ends after the INSERT in progress (its messages are
+	// acknowledged if it commits), leaving what is still queued
+	// unacknowledged; a statement that outlasts the grace is cancelled.
+	select {
+	case <-o.commitDone:
+	case <-time.After(o.closeGrace):
+		o.cancelCommit()
+		<-o.commitDone
+	}
+	o.cancelCommit()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	err := o.flush(ctx)

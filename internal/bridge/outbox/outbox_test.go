@@ -68,8 +68,8 @@ func sharedCluster(t testing.TB) *pgtest.Cluster {
 	return cluster
 }
 
-// The outbox is a routing.Spool.
-var _ routing.Spool = (*Outbox)(nil)
+// The outbox is a routing.GroupSpool.
+var _ routing.GroupSpool = (*Outbox)(nil)
 
 type env struct {
 	dsn   string
@@ -534,31 +534,33 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 	}
 }
 
-// An Append whose statement failed after its commit (the connection lost
-// with the reply) leaves a row the Outbox did not count: the next Append
-// moves past it instead of failing on the reused seq forever, and the
-// reader delivers both.
+// An INSERT whose statement failed after its commit (the connection lost
+// with the reply) leaves rows the Outbox did not count (here a batch of
+// two): the next batch moves past them instead of failing on the reused
+// seqs forever, and the reader delivers them all.
 func TestAppendAfterUnknownOutcome(t *testing.T) {
 	e := newEnv(t)
 	tok := e.acquire(t, e.store(t, nil), "a#1")
 	o := e.open(t, tok, Options{})
 	appendN(t, o, 0, 1)
-	// The row of the lost reply: committed at the next seq.
-	if _, err := e.pool.Exec(context.Background(), `INSERT INTO `+Table+` (lease_id, route, seq, version, received_ns, qos, retain, topic, payload, size)
-		VALUES ($1, 'r1', 2, $2, 0, 1, false, 't/1', 'm1', 52)`, e.lease, tok.Version); err != nil {
-		t.Fatal(err)
+	// The rows of the lost reply: committed at the next seqs.
+	for _, i := range []int{1, 2} {
+		if _, err := e.pool.Exec(context.Background(), `INSERT INTO `+Table+` (lease_id, route, seq, version, received_ns, qos, retain, topic, payload, size)
+		VALUES ($1, 'r1', $2, $3, 0, 1, false, 't/1', $4, 52)`, e.lease, i+1, tok.Version, fmt.Sprintf("m%d", i)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	o.mu.Lock()
-	o.resync, o.resyncSize = true, 52
+	o.resync = true
 	o.mu.Unlock()
-	if err := o.Append(msg(2), nil); err != nil {
+	if err := o.Append(msg(3), nil); err != nil {
 		t.Fatalf("append after an unknown outcome: %v", err)
 	}
-	if st := o.Stats(); st.Messages != 3 {
-		t.Fatalf("held %d, want 3", st.Messages)
+	if st := o.Stats(); st.Messages != 4 {
+		t.Fatalf("held %d, want 4", st.Messages)
 	}
 	attach(t, o)
-	for i := range 3 {
+	for i := range 4 {
 		if seq, m := next(t, o); seq != uint64(i+1) || string(m.Payload) != fmt.Sprintf("m%d", i) {
 			t.Fatalf("row %d: seq %d %s", i, seq, m.Payload)
 		}

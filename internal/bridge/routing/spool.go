@@ -32,6 +32,29 @@ type Spool interface {
 	Detach()
 }
 
+// GroupSpool is a Spool that stores in groups: one commit (the outbox)
+// or one fsync (the file spool with fsync always) for every message that
+// queued up while the previous one ran. The route
+// hands a message over with Enqueue, which does not wait for the store,
+// so that the session's packet loop goes on reading while a group is
+// made durable; the store's latency then bounds how long a message waits
+// for its acknowledgment, not how many messages a second the route takes
+// in.
+type GroupSpool interface {
+	Spool
+	// Enqueue queues m and returns. stored is then called exactly once,
+	// in the order of the Enqueue calls, from the spool's goroutine (or
+	// before Enqueue returns, when the spool holds m as durably as it
+	// will at once): with nil once m is durable, with an error wrapping ErrSpoolFull when
+	// the spool was full at Enqueue and its policy is to dead-letter, with
+	// another error when m was not stored (it must stay unacknowledged).
+	// Enqueue waits while the spool's queue of messages not yet reported
+	// is at its bound, or (policy block) while the spool is full, until
+	// quit closes; when it returns an error it did not take m and never
+	// calls stored. Enqueue is called from one goroutine.
+	Enqueue(m *transport.Message, quit <-chan struct{}, stored func(error)) error
+}
+
 // ErrSpoolFull is what a Spool's Append wraps when it is full and its
 // policy is to dead-letter.
 var ErrSpoolFull = errors.New("spool full")
@@ -111,9 +134,12 @@ func (r *Route) waitPump() {
 }
 
 // take is the dispatcher's hand-over: straight to Deliver, or through the
-// spool. A full spool whose policy is dead_letter writes the message to
-// the dead-letter file for each sender of the route (reason "spool
-// full") and settles it; if that write fails the message stays
+// spool. A GroupSpool takes the message without waiting for its store,
+// and the source is acknowledged (settled) from the spool's goroutine once
+// the message is durable, in arrival order; a plain Spool's Append is
+// awaited here. A full spool whose policy is dead_letter writes the
+// message to the dead-letter file for each sender of the route (reason
+// "spool full") and settles it; if that write fails the message stays
 // unacknowledged.
 func (r *Route) take(m *transport.Message, settled func()) error {
 	sp := r.cfg.Spool
@@ -123,7 +149,20 @@ func (r *Route) take(m *transport.Message, settled func()) error {
 	if (m.Retain && r.cfg.Retain == RetainDrop) || r.fromPeer(m) {
 		return r.Deliver(m, settled) // not delivered: settled at once
 	}
-	err := sp.Append(m, r.quit)
+	if gs, ok := sp.(GroupSpool); ok {
+		err := gs.Enqueue(m, r.quit, func(err error) { _ = r.stored(m, settled, err) })
+		if err != nil {
+			r.log.Error("spool append failed; the message stays unacknowledged", "topic", m.Topic, "err", err)
+		}
+		return err
+	}
+	return r.stored(m, settled, sp.Append(m, r.quit))
+}
+
+// stored acts on the spool's verdict on m: settled once durable, the
+// dead-letter file when the spool was full (policy dead_letter), nothing
+// (unacknowledged) when it could not be stored.
+func (r *Route) stored(m *transport.Message, settled func(), err error) error {
 	switch {
 	case err == nil:
 		settled()

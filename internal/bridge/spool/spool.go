@@ -155,6 +155,20 @@ type Spool struct {
 	stats      Stats
 	checkpoint uint64 // low-water mark last written
 
+	// The group sync (fsync always, Enqueue): records written and not yet
+	// synced, in order, and how many the syncer took and has not
+	// reported; closing refuses new records while Close lets the syncer
+	// finish.
+	unsynced []syncWait
+	syncing  int
+	closing  bool
+	syncKick chan struct{}
+	// syncFile syncs a segment for the group sync ((*os.File).Sync; a
+	// test holds it to see what queues up behind it).
+	syncFile func(*os.File) error
+	syncStop chan struct{}
+	syncDone chan struct{}
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -201,13 +215,19 @@ func Open(ctx context.Context, opts Options) (*Spool, error) {
 		}
 	}
 	s := &Spool{opts: opts, lock: lock, changed: make(chan struct{}), pending: map[uint64]handed{}, skip: map[uint64]struct{}{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}),
+		syncKick: make(chan struct{}, 1), syncStop: make(chan struct{}), syncDone: make(chan struct{}), syncFile: (*os.File).Sync}
 	if err := s.recover(); err != nil {
 		s.closeFiles()
 		_ = lock.Close()
 		return nil, err
 	}
 	go s.loop()
+	if opts.Fsync == FsyncAlways {
+		go s.syncLoop()
+	} else {
+		close(s.syncDone)
+	}
 	return s, nil
 }
 
@@ -324,26 +344,44 @@ func (s *Spool) notify() {
 // closes (ErrClosed), or returns ErrFull (dead_letter).
 func (s *Spool) Append(m *transport.Message, quit <-chan struct{}) error {
 	s.mu.Lock()
-	buf, err := encodeRecord(s.encBuf[:0], s.nextSeq, m)
-	if err != nil {
+	defer s.mu.Unlock()
+	return s.appendLocked(m, quit, false)
+}
+
+// maxUnsynced bounds the records written and not yet reported synced by
+// the group sync (fsync always): Enqueue waits beyond it.
+const maxUnsynced = 1024
+
+// syncWait is a record written and waiting for the group sync, or a
+// refusal of the full policy in its place in the order.
+type syncWait struct {
+	path   string
+	full   bool
+	stored func(error)
+}
+
+// Enqueue is the route's hand-over (routing.GroupSpool). With fsync
+// always it writes m and returns; the spool's syncer then syncs, once,
+// every segment written since its previous sync and reports each record
+// stored, in order: one fsync for all the records that arrived during the
+// previous one, instead of one per record on the session's packet loop.
+// With interval or never a written record is as durable as it will be
+// at once, so stored is called before Enqueue returns. A record the
+// full policy refuses (dead_letter) is reported with ErrFull in its
+// place in the order. An error returned (closed, a failed write) means m
+// was not taken and stored is not called.
+func (s *Spool) Enqueue(m *transport.Message, quit <-chan struct{}, stored func(error)) error {
+	s.mu.Lock()
+	if s.opts.Fsync != FsyncAlways {
+		err := s.appendLocked(m, quit, false)
 		s.mu.Unlock()
-		return err
+		if err != nil && !errors.Is(err, ErrFull) {
+			return err
+		}
+		stored(err)
+		return nil
 	}
-	s.encBuf = buf
-	size := int64(len(buf))
-	for {
-		if s.closed {
-			s.mu.Unlock()
-			return ErrClosed
-		}
-		full := (s.opts.MaxMessages > 0 && s.count+1 > s.opts.MaxMessages) || (s.opts.MaxBytes > 0 && s.count > 0 && s.bytes+size > s.opts.MaxBytes)
-		if !full {
-			break
-		}
-		if s.opts.Full == FullDeadLetter {
-			s.mu.Unlock()
-			return ErrFull
-		}
+	for len(s.unsynced)+s.syncing >= maxUnsynced && !s.closed && !s.closing {
 		ch := s.changed
 		s.mu.Unlock()
 		select {
@@ -352,15 +390,140 @@ func (s *Spool) Append(m *transport.Message, quit <-chan struct{}) error {
 			return ErrClosed
 		}
 		s.mu.Lock()
+	}
+	err := s.appendLocked(m, quit, true)
+	switch {
+	case err == nil:
+		s.unsynced = append(s.unsynced, syncWait{path: s.segs[len(s.segs)-1].path, stored: stored})
+	case errors.Is(err, ErrFull):
+		s.unsynced = append(s.unsynced, syncWait{full: true, stored: stored})
+	default:
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	select {
+	case s.syncKick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// syncLoop is the group sync of fsync always: it syncs what Enqueue
+// wrote and reports it, until Close, whose last pass syncs and reports
+// what was written before it.
+func (s *Spool) syncLoop() {
+	defer close(s.syncDone)
+	for {
+		stopping := false
+		select {
+		case <-s.syncStop:
+			stopping = true
+		case <-s.syncKick:
+		}
+		for {
+			s.mu.Lock()
+			batch := s.unsynced
+			s.unsynced = nil
+			s.syncing = len(batch)
+			s.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			err := syncSegments(batch, s.syncFile)
+			if err != nil {
+				// As when Append's fsync fails: this process stops using
+				// the spool; what it wrote is the next Open's.
+				err = fmt.Errorf("spool %s: fsync: %w", s.opts.Dir, err)
+				s.mu.Lock()
+				s.closed = true
+				s.notify()
+				s.mu.Unlock()
+			}
+			for _, w := range batch {
+				switch {
+				case err != nil:
+					w.stored(err)
+				case w.full:
+					w.stored(ErrFull)
+				default:
+					w.stored(nil)
+				}
+			}
+			s.mu.Lock()
+			s.syncing = 0
+			s.notify()
+			s.mu.Unlock()
+		}
+		if stopping {
+			return
+		}
+	}
+}
+
+// syncSegments syncs each segment file the batch wrote to, through a
+// descriptor of its own (fsync syncs the file, whichever descriptor
+// wrote): the active one may be rotated meanwhile, which syncs it too. A
+// segment already deleted held only settled records.
+func syncSegments(batch []syncWait, sync func(*os.File) error) error {
+	last := ""
+	for _, w := range batch {
+		if w.full || w.path == last {
+			continue
+		}
+		last = w.path
+		f, err := os.Open(w.path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		err = sync(f)
+		_ = f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appendLocked writes m, with s.mu held (released while it waits for
+// room). group leaves the sync of fsync always to the syncer.
+func (s *Spool) appendLocked(m *transport.Message, quit <-chan struct{}, group bool) error {
+	buf, err := encodeRecord(s.encBuf[:0], s.nextSeq, m)
+	if err != nil {
+		return err
+	}
+	s.encBuf = buf
+	size := int64(len(buf))
+	for {
+		if s.closed || s.closing {
+			return ErrClosed
+		}
+		full := (s.opts.MaxMessages > 0 && s.count+1 > s.opts.MaxMessages) || (s.opts.MaxBytes > 0 && s.count > 0 && s.bytes+size > s.opts.MaxBytes)
+		if !full {
+			break
+		}
+		if s.opts.Full == FullDeadLetter {
+			return ErrFull
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-quit:
+			s.mu.Lock()
+			return ErrClosed
+		}
+		s.mu.Lock()
 		// The seq may not have moved (only Append moves it), but the
 		// buffer is re-encoded in case.
 		if buf, err = encodeRecord(s.encBuf[:0], s.nextSeq, m); err != nil {
-			s.mu.Unlock()
 			return err
 		}
 		s.encBuf = buf
 	}
-	defer s.mu.Unlock()
 	act := s.segs[len(s.segs)-1]
 	if act.size > 0 && act.size+size > s.opts.SegmentBytes {
 		if err := s.rotate(); err != nil {
@@ -382,13 +545,16 @@ func (s *Spool) Append(m *transport.Message, quit <-chan struct{}) error {
 		s.notify()
 		return fmt.Errorf("spool %s: write: %w", s.opts.Dir, err)
 	}
-	if s.opts.Fsync == FsyncAlways {
+	switch {
+	case s.opts.Fsync == FsyncAlways && group:
+		// The syncer syncs it before the source is acknowledged.
+	case s.opts.Fsync == FsyncAlways:
 		if err := s.active.Sync(); err != nil {
 			s.closed = true
 			s.notify()
 			return fmt.Errorf("spool %s: fsync: %w", s.opts.Dir, err)
 		}
-	} else {
+	default:
 		s.dirty = true
 	}
 	act.size += size
@@ -798,11 +964,17 @@ func writeMark(dir string, mark uint64, sync bool) error {
 // Append, Attach and Next calls return.
 func (s *Spool) Close() error {
 	s.mu.Lock()
-	if s.closed && s.lock == nil {
+	if s.lock == nil {
 		s.mu.Unlock()
 		return nil
 	}
+	s.closing = true
+	s.notify()
 	s.mu.Unlock()
+	// What Enqueue wrote is synced and reported stored (it is in the
+	// spool either way).
+	close(s.syncStop)
+	<-s.syncDone
 	close(s.stop)
 	<-s.done
 	s.mu.Lock()
@@ -834,7 +1006,7 @@ func (s *Spool) closeFiles() {
 	s.dropReadFile()
 }
 
-var _ routing.Spool = (*Spool)(nil)
+var _ routing.GroupSpool = (*Spool)(nil)
 
 // Dir is the spool's directory.
 func (s *Spool) Dir() string { return s.opts.Dir }

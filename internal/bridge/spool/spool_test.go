@@ -74,6 +74,11 @@ func payloads(t *testing.T, s *Spool, n int, ack bool) []string {
 // checkpoint, and the lock is released as the kernel does for a dead
 // process.
 func (s *Spool) abandon() {
+	s.mu.Lock()
+	s.unsynced = nil // a crash syncs and reports nothing more
+	s.mu.Unlock()
+	close(s.syncStop)
+	<-s.syncDone
 	close(s.stop)
 	<-s.done
 	s.mu.Lock()
