@@ -616,22 +616,7 @@ func (f *fleet) pgTop(ctx context.Context) []pgStmt {
 	if f.o.pgTop <= 0 {
 		return nil
 	}
-	rows, err := f.pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 160), calls, total_exec_time, rows
-		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		ORDER BY total_exec_time DESC LIMIT $1`, f.o.pgTop)
-	if err != nil {
-		return nil
-	}
-	defer rows.Close()
-	var out []pgStmt
-	for rows.Next() {
-		var s pgStmt
-		if rows.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.Rows) == nil {
-			s.TotalMS = round(s.TotalMS, 1)
-			out = append(out, s)
-		}
-	}
-	return out
+	return pgTopOf(ctx, f.pool, f.o.pgTop)
 }
 
 // measureBare runs a bare opamp-go server with as many agents as one
